@@ -1,0 +1,109 @@
+"""Admission budget: what admitting a request needs per component, against what can be freed.
+
+``need = load_back + prefill`` per component, where load-back counts exactly the device slots
+``load_back`` will allocate (FULL ``host_hit_length``; SWA ``swa_host_hit_length``, already
+page-rounded, for host-only windows behind the anchor (seed bug class 3); MAMBA one slot per host
+state) and prefill counts the first chunk's slots (``ceil_paged(min(extend, chunk))`` for KV
+components, one working state slot for MAMBA). ``headroom = free + evictable - own``, where
+``own`` is the evictable data on the request's own path that its lock (and the load-back's) will
+pin. If ``fits``, the load-back and the first chunk's allocation cannot run out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cache.keys import ceil_paged
+from cache.results import MatchResult
+from cache.state import DEVICE
+
+
+@dataclass(frozen=True)
+class ComponentNeed:
+    component: str
+    unit: str
+    capacity: int
+    available: int
+    evictable: int
+    protected: int
+    own_pinned: int
+    load_back: int
+    prefill: int
+
+    @property
+    def headroom(self) -> int:
+        return self.available + self.evictable - self.own_pinned
+
+    @property
+    def need(self) -> int:
+        return self.load_back + self.prefill
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.headroom
+
+    def explain(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (f"{self.component}: needs {self.need} {self.unit} (load-back {self.load_back} + "
+                f"prefill {self.prefill}); can free {self.headroom} = free {self.available} + "
+                f"evictable {self.evictable} - pinned by its own path {self.own_pinned} "
+                f"(protected by others: {self.protected}) -> {verdict}")
+
+
+@dataclass(frozen=True)
+class Admission:
+    fits: bool
+    extend_len: int
+    chunk_tokens: int
+    components: tuple[ComponentNeed, ...]
+
+    def component(self, name: str) -> ComponentNeed:
+        for c in self.components:
+            if c.component == name:
+                return c
+        raise KeyError(f"no component {name!r} in this admission")
+
+    @property
+    def reason(self) -> str:
+        bad = [c for c in self.components if not c.fits]
+        if not bad:
+            return "admitted: " + "; ".join(c.explain() for c in self.components)
+        return "refused: " + "; ".join(c.explain() for c in bad)
+
+    def as_dict(self) -> dict:
+        return {"fits": self.fits, "extend_len": self.extend_len,
+                "chunk_tokens": self.chunk_tokens, "reason": self.reason,
+                "components": {c.component: {
+                    "need": c.need, "load_back": c.load_back, "prefill": c.prefill,
+                    "headroom": c.headroom, "available": c.available, "evictable": c.evictable,
+                    "protected": c.protected, "own_pinned": c.own_pinned} for c in self.components}}
+
+
+def admission(core, match: MatchResult, extend_len: int, chunk_tokens: int | None) -> Admission:
+    if not isinstance(match, MatchResult):
+        raise TypeError(f"admission takes a MatchResult, got {type(match).__name__}")
+    if isinstance(extend_len, bool) or not isinstance(extend_len, int) or extend_len < 0:
+        raise ValueError(f"extend_len={extend_len!r} must be an int >= 0")
+    if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
+                                     or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+        raise ValueError(f"chunk_tokens={chunk_tokens!r} must be None or an int >= 1")
+    chunk = extend_len if chunk_tokens is None else min(extend_len, chunk_tokens)
+    anchor = core.node(match.best_match_node)
+    pins, _ = core.lock_pins(anchor)
+    page = core.page_size
+    out = []
+    for comp in core.comps:
+        ci = comp.index
+        own = sum(comp.size(n.data[ci].value) for n in pins.get(ci, ())
+                  if n.data[ci].value is not None and n.data[ci].lock_ref == 0)
+        if comp.name == "full":
+            load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
+        elif comp.name == "swa":
+            load, pre, unit = ceil_paged(match.swa_host_hit_length, page), ceil_paged(chunk, page), "tokens"
+        else:
+            load, pre, unit = match.mamba_host_hit_length, 0 if match.mamba_slot is not None else 1, "states"
+        alloc = core.device_pools[ci].alloc
+        out.append(ComponentNeed(comp.name, unit, alloc.capacity, alloc.available,
+                                 core.evictable[ci][DEVICE], core.protected[ci][DEVICE], own,
+                                 load, pre))
+    return Admission(all(c.fits for c in out), extend_len, chunk, tuple(out))

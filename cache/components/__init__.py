@@ -1,0 +1,21 @@
+"""Component registry: one table from name to implementation."""
+
+from __future__ import annotations
+
+from cache.components.base import Component
+from cache.components.full import FullComponent
+from cache.components.mamba import MambaComponent
+from cache.components.swa import SwaComponent
+
+REGISTRY: dict[str, type[Component]] = {
+    "full": FullComponent,
+    "swa": SwaComponent,
+    "mamba": MambaComponent,
+}
+
+
+def build_components(config) -> list[Component]:
+    return [REGISTRY[name](i, config) for i, name in enumerate(config.components)]
+
+
+__all__ = ["Component", "REGISTRY", "build_components"]

@@ -1,0 +1,69 @@
+"""The component interface: a few hooks named by phase. The tree core calls these and names no
+component; FULL, SWA and MAMBA each implement them in their own module.
+
+Lifetime rules every component follows:
+- a device value on an auxiliary component implies a FULL device value on the node, and an
+  auxiliary host value implies a FULL host value (FULL is the backbone);
+- ``lock_ref``/``host_ref`` are only ever moved by the cache's lock table, so they equal the
+  number of live pins;
+- match does not pin: callers lock ``last_device_node`` (or the load-back anchor) before use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cache.tree import ComponentData, Node
+
+
+class Component:
+    name: str = ""
+    priority: int = 0            # internal-node eviction cascade: higher evicts lower
+    copies_refs_on_split: bool = True
+    uses_lru: bool = True        # FULL uses the evictable-leaf heap instead
+    boundary_state: bool = False  # value belongs to the node's end (MAMBA)
+
+    def __init__(self, index: int, config) -> None:
+        self.index = index
+        self.config = config
+        self.page_size = config.page_size
+
+    # ---- sizes -------------------------------------------------------------------------
+    def size(self, value) -> int:
+        """Slots a value occupies (tokens for KV components, 1 per state for MAMBA)."""
+        return value.numel()
+
+    # ---- split phase ----------------------------------------------------------------------
+    def split(self, child: ComponentData, new: ComponentData, k: int) -> None:
+        """Redistribute ``child``'s data when its first ``k`` tokens move to the new parent."""
+        if child.value is not None:
+            new.value, child.value = child.value[:k], child.value[k:]
+        if child.host_value is not None:
+            new.host_value, child.host_value = child.host_value[:k], child.host_value[k:]
+        if self.copies_refs_on_split:
+            new.lock_ref, new.host_ref = child.lock_ref, child.host_ref
+
+    # ---- match phase -----------------------------------------------------------------------
+    def validator(self, host_ok: bool) -> Callable[[Node], bool]:
+        """A stateful predicate fed the matched path top-down: is this node a valid match end?"""
+        raise NotImplementedError
+
+    # ---- lock phase ------------------------------------------------------------------------
+    def lock_pins(self, path: list[Node]) -> list[Node]:
+        """Nodes a device lock pins, given the path bottom-up from the effective anchor."""
+        raise NotImplementedError
+
+    # ---- load-back phase -------------------------------------------------------------------
+    def load_plan(self, path: list[Node]) -> tuple[list[Node], int | None]:
+        """Host-only nodes to load for a load-back anchored at ``path[0]`` (bottom-up), and
+        optionally the number of tokens at which ``path``'s last listed node must be cut (the
+        window boundary) so only whole in-window pages load. Returns (nodes, cut)."""
+        raise NotImplementedError
+
+    def host_hit_length(self, path: list[Node]) -> int:
+        """Slots a load-back anchored at ``path[0]`` (bottom-up path) would allocate."""
+        nodes, cut = self.load_plan(path)
+        total = sum(self.size(n.data[self.index].host_value) for n in nodes)
+        if cut is not None and nodes:
+            total -= len(nodes[-1].key) - cut
+        return total

@@ -1,0 +1,33 @@
+"""FULL attention KV: one slot per token, device copies prefix-closed, path-to-root locks."""
+
+from __future__ import annotations
+
+from cache.components.base import Component
+from cache.tree import Node
+
+
+class FullComponent(Component):
+    name = "full"
+    priority = 2
+    uses_lru = False
+
+    def validator(self, host_ok: bool):
+        i = self.index
+
+        def valid(node: Node) -> bool:
+            d = node.data[i]
+            return d.value is not None or (host_ok and d.host_value is not None)
+        return valid
+
+    def lock_pins(self, path: list[Node]) -> list[Node]:
+        return path  # the whole device-resident path to the root
+
+    def load_plan(self, path: list[Node]) -> tuple[list[Node], int | None]:
+        """The evicted bottom segment under the anchor: walk up while FULL is host-only."""
+        i = self.index
+        out = []
+        for node in path:
+            if node.data[i].value is not None:
+                break
+            out.append(node)
+        return out, None

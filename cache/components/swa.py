@@ -1,0 +1,66 @@
+"""Sliding-window KV: a match end is valid only with an unbroken window of SWA data behind it.
+
+The window is ``W = config.sliding_window`` tokens; it need not be a multiple of the page size
+(a lock or load-back covers ``ceil_paged(W)``). Internal nodes outside every live window may be
+tombstoned (SWA value None while FULL stays).
+"""
+
+from __future__ import annotations
+
+from cache.components.base import Component
+from cache.keys import ceil_paged
+from cache.tree import Node
+
+
+class SwaComponent(Component):
+    name = "swa"
+    priority = 1
+
+    def __init__(self, index: int, config) -> None:
+        super().__init__(index, config)
+        self.window = config.sliding_window
+        self.window_paged = ceil_paged(self.window, config.page_size)
+
+    def validator(self, host_ok: bool):
+        i, w = self.index, self.window
+        run = [float("inf")]  # tokens of unbroken SWA data ending here; inf until the first gap
+
+        def valid(node: Node) -> bool:
+            d = node.data[i]
+            if d.value is not None or (host_ok and d.host_value is not None):
+                run[0] += len(node.key)
+                return run[0] >= w
+            run[0] = 0
+            return False
+        return valid
+
+    def lock_pins(self, path: list[Node]) -> list[Node]:
+        """One window upward from the anchor, tombstones included in the count."""
+        out, covered = [], 0
+        for node in path:
+            if covered >= self.window:
+                break
+            out.append(node)
+            covered += len(node.key)
+        return out
+
+    def load_plan(self, path: list[Node]) -> tuple[list[Node], int | None]:
+        """Host-only SWA nodes inside the window behind the anchor. A node straddling the window
+        start is cut so only its last whole in-window pages load (``cut`` = tokens kept)."""
+        i, need = self.index, self.window_paged
+        out: list[Node] = []
+        covered = 0
+        cut = None
+        for node in path:
+            if covered >= self.window:
+                break
+            d = node.data[i]
+            n = len(node.key)
+            if d.value is None and d.host_value is not None:
+                out.append(node)
+                if covered + n > need:
+                    cut = need - covered
+            elif d.value is None:
+                break  # a tombstone: the anchor would not have validated; nothing more to load
+            covered += n
+        return out, cut

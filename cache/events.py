@@ -1,0 +1,188 @@
+"""What the cache records: one op record per public operation and one mutation per state change.
+
+The cache hands both to the ``Recorder`` it was given (``NullRecorder`` by default, which the
+cache never even calls). The hot path builds plain tuples and appends them; sinks in
+``telemetry/`` turn them into spans, metrics and the store, off the hot path.
+
+Mutations are *absolute* where they describe a state (``comp.state`` carries the new lengths and
+refs, ``pool.available`` the new free count), so replaying them is an overwrite, and
+*relative* only for locks (``lock.acquire`` / ``lock.release`` list the nodes whose refs moved by
+one). ``cache.snapshot`` applies the same rules, so a replay of the journal reproduces
+``HiRadixCache.snapshot()`` exactly.
+
+Mutation tuple layout (also ``Mutation`` below): ``(seq, op_id, kind, node, comp, tier, value)``.
+
+| kind             | node        | comp / tier     | value                                                   |
+|------------------|-------------|-----------------|---------------------------------------------------------|
+| ``node.create``  | new id      | -               | ``(parent_id, extra_key, tokens)``                      |
+| ``node.split``   | child id    | -               | ``(new_parent_id, split_len, ref_comps)``: the new node |
+|                  |             |                 | takes the child's first ``split_len`` tokens, access    |
+|                  |             |                 | and hits, and joins every lock / transfer pinning the   |
+|                  |             |                 | child for the components in ``ref_comps``               |
+| ``node.delete``  | id          | -               | ``None``                                                |
+| ``node.touch``   | deepest id  | -               | ``tick``: the node and its ancestors (not the root) get |
+|                  |             |                 | ``last_access = tick`` and ``hit_count += 1``           |
+| ``comp.state``   | id          | comp / -        | ``(device_len, host_len, lock_ref, host_ref)``;         |
+|                  |             |                 | a length is ``None`` when that tier holds no value      |
+| ``lock.acquire`` | anchor id   | - / tier        | ``(receipt_id, owner, ((comp, (node ids)), ...))``      |
+| ``lock.release`` | anchor id   | - / tier        | ``(receipt_id, ((comp, (node ids)), ...))``             |
+| ``pool.available``| -          | comp / tier     | free slots (tokens; states for mamba) after the change  |
+| ``transfer.start``| anchor id  | - / dest tier   | ``(transfer_id, kind, node_ids, tokens)``               |
+| ``transfer.done`` | anchor id  | - / dest tier   | ``(transfer_id, ok)``                                   |
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, NamedTuple
+
+# ---- op names (public operations) ------------------------------------------------------------
+OP_MATCH = "match"
+OP_INSERT = "insert"
+OP_LOCK = "lock"
+OP_UNLOCK = "unlock"
+OP_RELEASE_SWA = "release_swa"
+OP_ALLOC = "alloc"
+OP_FREE = "free"
+OP_EVICT = "evict"
+OP_EVICT_HOST = "evict_host"
+OP_BACKUP = "backup"
+OP_LOAD_BACK = "load_back"
+OP_POLL = "poll"
+OP_TRANSFER = "transfer"  # asynchronous copy; ``attrs['enqueued_by']`` links it to its op
+OP_CHECK = "check"
+OPS = (OP_MATCH, OP_INSERT, OP_LOCK, OP_UNLOCK, OP_RELEASE_SWA, OP_ALLOC, OP_FREE, OP_EVICT,
+       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_POLL, OP_TRANSFER)
+
+# ---- mutation kinds --------------------------------------------------------------------------
+NODE_CREATE = "node.create"
+NODE_SPLIT = "node.split"
+NODE_DELETE = "node.delete"
+NODE_TOUCH = "node.touch"
+COMP_STATE = "comp.state"
+LOCK_ACQUIRE = "lock.acquire"
+LOCK_RELEASE = "lock.release"
+POOL_AVAILABLE = "pool.available"
+TRANSFER_START = "transfer.start"
+TRANSFER_DONE = "transfer.done"
+MUTATION_KINDS = (NODE_CREATE, NODE_SPLIT, NODE_DELETE, NODE_TOUCH, COMP_STATE, LOCK_ACQUIRE,
+                  LOCK_RELEASE, POOL_AVAILABLE, TRANSFER_START, TRANSFER_DONE)
+
+TIER_DEVICE = "device"
+TIER_HOST = "host"
+
+# ---- attribute keys used in op records (telemetry maps them onto span attributes) -----------
+A_DEVICE_TOKENS = "device_tokens"
+A_HOST_TOKENS = "host_tokens"
+A_SWA_HOST_TOKENS = "swa_host_tokens"
+A_MAMBA_HOST = "mamba_host"
+A_KEY_TOKENS = "key_tokens"
+A_NODE = "node"
+A_BEST_NODE = "best_node"
+A_PREFIX_LEN = "prefix_len"
+A_NEW_TOKENS = "new_tokens"
+A_RECEIPT = "receipt"
+A_OWNER = "owner"
+A_FREED_TOKENS = "freed_tokens"
+A_FREED = "freed"  # per-component dict rendered as attributes kv_cache.evict.freed.<comp>
+A_REQUESTED = "requested"
+A_NODES = "nodes"
+A_TOKENS = "tokens"
+A_BYTES = "bytes"
+A_TRANSFER = "transfer"
+A_TRANSFER_KIND = "transfer_kind"
+A_ENQUEUED_BY = "enqueued_by"
+A_COMPLETED = "completed"
+A_SPLITS = "splits"
+A_EXTRA_KEY = "extra_key"
+A_COMPONENT = "component"
+
+
+class Mutation(NamedTuple):
+    seq: int
+    op_id: int
+    kind: str
+    node: int | None
+    comp: str | None
+    tier: str | None
+    value: Any
+
+
+class OpRecord(NamedTuple):
+    """One public operation. Times are wall-clock nanoseconds (``time.time_ns``).
+
+    ``context`` is the caller's OpenTelemetry context at call time (``None`` when not
+    captured); sinks parent the op's span on it. ``seq_first``..``seq_last`` is the inclusive
+    range of mutation seqs the op made (``seq_last < seq_first`` when it made none).
+    """
+
+    op_id: int
+    op: str
+    start_ns: int
+    end_ns: int
+    req_id: str | None
+    context: Any
+    seq_first: int
+    seq_last: int
+    attrs: dict
+    error: str | None
+
+
+class Recorder:
+    """Interface the cache records into. ``enabled=False`` makes the cache skip all recording."""
+
+    enabled: bool = False
+    capture_context: bool = False
+
+    def attach(self, info: dict, snapshot: Any) -> None:
+        """Called once by the cache at construction with its config summary and first snapshot."""
+
+    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+        """Called once per public operation with its mutations (tuples in ``Mutation`` order)."""
+
+
+class NullRecorder(Recorder):
+    """The default: records nothing, costs nothing."""
+
+
+NULL_RECORDER = NullRecorder()
+
+
+class FlightRecorder(Recorder):
+    """Bounded in-memory rings of the latest op records and mutations (the flight recorder).
+
+    Appending is the only work on the hot path. ``tail()`` copies the rings for a crash bundle.
+    Subclasses (telemetry sinks) may override ``record`` and call ``super().record``.
+    """
+
+    enabled = True
+
+    def __init__(self, capacity: int = 65536, capture_context: bool = True) -> None:
+        if capacity < 1:
+            raise ValueError(f"FlightRecorder capacity={capacity!r}: must be >= 1")
+        self.capacity = capacity
+        self.capture_context = capture_context
+        self.ops: collections.deque[OpRecord] = collections.deque(maxlen=capacity)
+        self.mutations: collections.deque[tuple] = collections.deque(maxlen=capacity * 4)
+        self.info: dict = {}
+        self.initial_snapshot: Any = None
+        self._lock = threading.Lock()
+
+    def attach(self, info: dict, snapshot: Any) -> None:
+        self.info = dict(info)
+        self.initial_snapshot = snapshot
+
+    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+        self.ops.append(op)
+        if mutations:
+            self.mutations.extend(mutations)
+
+    def tail(self, n_ops: int | None = None) -> tuple[list[OpRecord], list[Mutation]]:
+        """Copy of the last ``n_ops`` op records and every mutation still in the ring."""
+        with self._lock:
+            ops = list(self.ops)
+            muts = [Mutation._make(m) for m in list(self.mutations)]
+        if n_ops is not None:
+            ops = ops[-n_ops:]
+        return ops, muts

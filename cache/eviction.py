@@ -1,0 +1,169 @@
+"""Eviction: LRU victims from incrementally kept sets, the FULL > SWA > MAMBA cascade on internal
+nodes, whole-node eviction of leaves, and tombstone-ancestor deletion that stops at any node a
+lock or a transfer still references (seed bug class 2).
+
+Victim order: FULL pops the least recently used evictable device leaf from a heap (O(log n), no
+scan); SWA and MAMBA walk their own recency lists from the cold end, skipping pinned nodes.
+"""
+
+from __future__ import annotations
+
+from cache.results import EvictResult
+from cache.state import DEVICE, HOST, CacheCore
+from cache.tree import Node
+
+
+class _Acc:
+    """What one eviction call did, in order."""
+
+    def __init__(self, core: CacheCore) -> None:
+        self.core = core
+        self.freed = [0] * len(core.comps)
+        self.evicted: list[int] = []
+        self.demoted: list[int] = []
+        self.deleted: list[int] = []
+        self.tombstoned: list[tuple[str, int]] = []
+
+    def add(self, freed: dict[int, int]) -> None:
+        for ci, n in freed.items():
+            self.freed[ci] += n
+
+    def result(self, requested: int) -> EvictResult:
+        names = [c.name for c in self.core.comps]
+        return EvictResult(requested, tuple(zip(names, self.freed)), tuple(self.evicted),
+                           tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned))
+
+
+def evict_device(core: CacheCore, ci: int, num: int) -> EvictResult:
+    """Free at least ``num`` device slots of component ``ci`` (fewer if nothing else is evictable)."""
+    acc = _Acc(core)
+    if ci == 0:
+        while acc.freed[0] < num:
+            leaf = core.pop_leaf(DEVICE)
+            if leaf is None:
+                break
+            evict_leaf(core, leaf, acc)
+        return acc.result(num)
+    lru = core.lru[ci][DEVICE]
+    while acc.freed[ci] < num:
+        victim = next((n for n in lru.values() if n.data[ci].lock_ref == 0), None)
+        if victim is None:
+            break
+        if victim.id in core.d_leaves:
+            evict_leaf(core, victim, acc)
+        else:
+            tombstone(core, victim, ci, acc)
+    return acc.result(num)
+
+
+def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
+    """Drop component ``ci``'s device data on an internal node, cascading to lower priorities
+    (pinned lower components are spared). FULL stays: the node keeps its place in the tree."""
+    pri = core.comps[ci].priority
+    for comp in core.comps:
+        if comp.priority > pri:
+            continue
+        d = node.data[comp.index]
+        if d.value is None or d.lock_ref > 0:
+            continue
+        v = d.value
+        core.set_value(node, comp.index, DEVICE, None)
+        acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
+        acc.tombstoned.append((comp.name, node.id))
+
+
+def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
+    """Evict a device leaf whole: demote it to host-only when backed up (under write_back, back
+    it up synchronously first), otherwise delete it and its useless childless ancestors."""
+    from cache import transfers  # local: transfers imports eviction for host room
+
+    acc.evicted.append(node.id)
+    f = node.data[0]
+    if f.host_value is None and core.config.write_policy == "write_back" and core.config.has_host:
+        transfers.backup_sync(core, node)
+    if f.host_value is not None:
+        for comp in core.comps:
+            d = node.data[comp.index]
+            if d.value is not None:
+                v = d.value
+                core.set_value(node, comp.index, DEVICE, None)
+                acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
+        acc.demoted.append(node.id)
+        return
+    parent = node.parent
+    dev, _host = core.delete(node)
+    acc.add(dev)
+    acc.deleted.append(node.id)
+    delete_tombstone_ancestors(core, parent, acc, DEVICE)
+
+
+def is_useless(node: Node) -> bool:
+    """A node some component can never accept as a match end (no data on either tier)."""
+    return any(d.value is None and d.host_value is None for d in node.data)
+
+
+def delete_tombstone_ancestors(core: CacheCore, node: Node, acc: _Acc, tier: int) -> None:
+    """Walk up deleting childless useless nodes. Stops at the root and at any node with a
+    lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
+    while (node.parent is not None and not node.children and is_useless(node)
+           and all(d.lock_ref == 0 and d.host_ref == 0 for d in node.data)):
+        parent = node.parent
+        dev, host = core.delete(node)
+        acc.add(dev if tier == DEVICE else host)
+        acc.deleted.append(node.id)
+        node = parent
+
+
+def evict_host(core: CacheCore, ci: int, num: int) -> EvictResult:
+    """Free at least ``num`` host slots of component ``ci``."""
+    acc = _Acc(core)
+    if ci == 0:
+        while acc.freed[0] < num:
+            leaf = core.pop_leaf(HOST)
+            if leaf is None:
+                break
+            _evict_host_leaf(core, leaf, acc)
+        return acc.result(num)
+    lru = core.lru[ci][HOST]
+    while acc.freed[ci] < num:
+        victim = next((n for n in lru.values() if n.data[ci].host_ref == 0), None)
+        if victim is None:
+            break
+        if victim.id in core.h_leaves:
+            _evict_host_leaf(core, victim, acc)
+        else:
+            v = victim.data[ci].host_value
+            core.set_value(victim, ci, HOST, None)
+            acc.freed[ci] += core.free_slots(ci, HOST, v)
+            acc.tombstoned.append((core.comps[ci].name, victim.id))
+    return acc.result(num)
+
+
+def _evict_host_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
+    acc.evicted.append(node.id)
+    parent = node.parent
+    _dev, host = core.delete(node)
+    acc.add(host)
+    acc.deleted.append(node.id)
+    delete_tombstone_ancestors(core, parent, acc, HOST)
+
+
+def enforce_mamba_cap(core: CacheCore, tail: Node) -> None:
+    """Keep at most ``mamba_max_states_per_path`` device states on ``tail``'s root path by
+    tombstoning the shallowest unpinned single-child holders (never the tail or a fork)."""
+    cap = core.config.mamba_max_states_per_path
+    if cap is None:
+        return
+    mi = core.ci["mamba"]
+    holders = [n for n in core.tree.path_to_root(tail) if n.data[mi].value is not None]
+    excess = len(holders) - cap
+    for node in reversed(holders):  # shallowest first
+        if excess <= 0:
+            break
+        d = node.data[mi]
+        if node is tail or len(node.children) != 1 or d.lock_ref > 0:
+            continue
+        v = d.value
+        core.set_value(node, mi, DEVICE, None)
+        core.free_slots(mi, DEVICE, v)
+        excess -= 1

@@ -1,0 +1,540 @@
+"""``HiRadixCache``: the public operations. The tree decides, ``CacheCore`` executes.
+
+Every public operation takes an optional ``req_id`` (the caller's request id), records one op
+record and its mutations into the recorder, and documents Args / Returns / Mutates. Bad input
+raises TypeError/ValueError naming the value before anything changes. See cache/README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from cache import admission as _admission
+from cache import eviction, invariants, transfers
+from cache import events as ev
+from cache.config import CacheConfig
+from cache.errors import StaleHandle
+from cache.events import Recorder
+from cache.keys import ceil_paged, check_namespace, match_len, normalize_key
+from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
+from cache.snapshot import CacheSnapshot
+from cache.state import DEVICE, HOST, TIERS, CacheCore
+from cache.tree import Node
+
+_instances = itertools.count(1)
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class HiRadixCache(CacheCore):
+    """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
+
+    Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
+    load-back anchor) before using the indices; every lock is released with its receipt.
+    """
+
+    def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
+        super().__init__(config, recorder)
+        self.instance = next(_instances)
+        self.request_held = [[0, 0] for _ in self.comps]
+        self.engine = transfers.TransferEngine(config.device)
+        if self._on:
+            self.recorder.attach(self.info(), self.snapshot())
+
+    # ---- plumbing -------------------------------------------------------------------------
+    def _run(self, op: str, req_id, fn, *args):
+        tok = self._begin()
+        try:
+            out = fn(*args)
+        except BaseException as e:
+            self._end(tok, op, req_id, None, e)
+            raise
+        if tok is not None:
+            self._end(tok, op, req_id, _attrs(self, op, out, args))
+        else:
+            self._depth -= 1
+        return out
+
+    def info(self) -> dict:
+        return {
+            "config": self.config.summary(),
+            "components": [c.name for c in self.comps],
+            "page_size": self.page_size,
+            "pools": {f"{c.name}/{t}": self.pool(c.index, ti).alloc.capacity
+                      for c in self.comps for ti, t in enumerate(TIERS)},
+            "bytes_per_slot": {f"{c.name}/{t}": self.pool(c.index, ti).bytes_per_slot
+                               for c in self.comps for ti, t in enumerate(TIERS)},
+        }
+
+    def _ci_of(self, component: str) -> int:
+        ci = self.ci.get(component)
+        if ci is None:
+            raise ValueError(f"component={component!r} is not configured; have "
+                             f"{[c.name for c in self.comps]}")
+        return ci
+
+    # ---- match ----------------------------------------------------------------------------
+    def match_prefix(self, key, *, extra_key=None, cow_mamba: bool = False,
+                     req_id: str | None = None) -> MatchResult:
+        """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
+
+        Returns a frozen ``MatchResult`` (see its docstring for every field).
+        Mutates: splits the node where the match ends inside it (new node ids); recency and hit
+        counts of ``best_match_node`` and its ancestors; with ``cow_mamba`` and a device state at
+        the match end, allocates a request MAMBA slot (evicting if needed) and copies the state.
+        Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
+        """
+        tokens = normalize_key(key, self.page_size)
+        check_namespace(extra_key)
+        return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
+
+    def _match(self, tokens: tuple[int, ...], extra_key, cow: bool) -> MatchResult:
+        tree, page = self.tree, self.page_size
+        dev_v = [c.validator(False) for c in self.comps]
+        any_v = [c.validator(True) for c in self.comps]
+        path: list[Node] = []
+        last_dev = best = -1
+        matched = full_len = 0
+        node, off, n = tree.root, 0, len(tokens)
+        while off < n:
+            child = node.children.get(tree.file_key(node, tokens, off, extra_key))
+            if child is None:
+                break
+            k = match_len(tokens, off, child.key, page)
+            if k == 0:
+                break
+            if k < len(child.key):
+                child = self.split(child, k)
+            path.append(child)
+            off += k
+            d_ok = [v(child) for v in dev_v]
+            a_ok = [v(child) for v in any_v]
+            if all(d_ok):
+                last_dev = len(path) - 1
+            if all(a_ok):
+                best = len(path) - 1
+            f = child.data[0]
+            if f.value is None and f.host_value is None:
+                break
+            full_len = off
+            node = child
+        matched = full_len
+        dev_nodes = path[:last_dev + 1]
+        dev_len = sum(len(x.key) for x in dev_nodes)
+        idx = torch.cat([x.data[0].value for x in dev_nodes]) if dev_nodes else _EMPTY
+        best_node = path[best] if best >= 0 else tree.root
+        up = path[:best + 1][::-1]
+        hits = {c.name: c.host_hit_length(up) for c in self.comps}
+        mamba_slot = None
+        if best >= 0:
+            self.touch(best_node)
+        if cow and "mamba" in self.ci and last_dev >= 0 and hits.get("mamba", 0) == 0:
+            mamba_slot = self._cow_mamba(path[last_dev])
+        return MatchResult(
+            device_indices=idx, device_prefix_len=dev_len,
+            last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
+            last_host_node=best_node.id, best_match_node=best_node.id,
+            host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
+            mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
+            extra_key=extra_key, mamba_slot=mamba_slot)
+
+    def _cow_mamba(self, node: Node) -> torch.Tensor | None:
+        ci = self.ci["mamba"]
+        src = node.data[ci].value
+        if src is None:
+            return None
+        rid = self.acquire(node, DEVICE, {0: self.tree.path_to_root(node), ci: [node]}, "cow")
+        try:
+            slot = self._alloc(ci, 1)
+        finally:
+            self.release(self.locks[rid])
+        pool = self.device_pools[ci]
+        pool.write(slot, pool.read(src))
+        return slot
+
+    # ---- insert ---------------------------------------------------------------------------
+    def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
+               swa_indices: torch.Tensor | None = None, mamba_slot: torch.Tensor | None = None,
+               prev_prefix_len: int = 0, swa_evicted_len: int = 0,
+               req_id: str | None = None) -> InsertResult:
+        """Cache ``key`` with the caller's FULL device slots (and SWA slots / MAMBA state).
+
+        Args:
+            key: token ids; truncated to whole pages. ``device_indices`` must have ``len(key)``
+                entries; those beyond the page-aligned length stay with the caller.
+            swa_indices: with SWA, the caller's SWA slots per position (positions below
+                ``swa_evicted_len`` are ignored: the caller already freed them).
+            mamba_slot: with MAMBA, a 1-element tensor: the state at the key's end, donated.
+            prev_prefix_len: the caller's prefix that came from the tree (its slots are the
+                tree's own and are never freed here).
+        Returns: ``InsertResult``; ``prefix_len`` tokens were already present and the caller's
+            slots for them (at or beyond ``prev_prefix_len``) were freed.
+        Mutates: new leaf / splits; un-evicts host-only nodes by adopting the caller's slots;
+            heals SWA tombstones inside the caller's live range; donates the MAMBA state; hit
+            counts and recency; write-through backups; the MAMBA per-path cap.
+        Emits: one ``insert`` op; structure, state, pool and transfer mutations.
+        """
+        raw_len = _key_len(key)
+        tokens = normalize_key(key, self.page_size)
+        check_namespace(extra_key)
+        idx = self._check_indices(device_indices, raw_len, "device_indices", 0)
+        swa = None
+        if "swa" in self.ci:
+            if swa_indices is None:
+                raise ValueError("swa_indices is required when the 'swa' component is configured")
+            swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
+        elif swa_indices is not None:
+            raise ValueError("swa_indices given but the 'swa' component is not configured")
+        if mamba_slot is not None:
+            if "mamba" not in self.ci:
+                raise ValueError("mamba_slot given but the 'mamba' component is not configured")
+            mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", self.ci["mamba"])
+        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be an int >= 0")
+        if swa_evicted_len % self.page_size:
+            raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
+                             f"(page_size={self.page_size})")
+        if swa is not None:
+            lo = min(max(swa_evicted_len, prev_prefix_len), len(tokens))
+            self._check_live(swa[lo:len(tokens)], self.ci["swa"], "swa_indices")
+        self._check_live(idx[prev_prefix_len:len(tokens)], 0, "device_indices")
+        n = len(tokens)
+        return self._run(ev.OP_INSERT, req_id, self._insert, tokens, extra_key, idx[:n],
+                         None if swa is None else swa[:n], mamba_slot, prev_prefix_len,
+                         swa_evicted_len)
+
+    def _check_indices(self, t, length: int, name: str, ci: int | None) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of slot indices, got "
+                            f"{type(t).__name__}")
+        if t.dim() != 1 or t.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be a 1-D int64 tensor, got {t.dtype} "
+                            f"shape {tuple(t.shape)}")
+        if t.numel() != length:
+            raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
+        t = t.to(device="cpu", dtype=torch.int64)
+        if ci is not None:
+            self._check_live(t, ci, name)
+        return t
+
+    def _check_live(self, t: torch.Tensor, ci: int, name: str) -> None:
+        if t.numel() == 0:
+            return
+        alloc = self.device_pools[ci].alloc
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= alloc.capacity:
+            raise ValueError(f"{name}: slot index out of range [0, {alloc.capacity}): {lo}..{hi}")
+        used = alloc._used[t // alloc.page_size]
+        if not bool(used.all()):
+            bad = t[~used][:8].tolist()
+            raise ValueError(f"{name}: slots {bad} are not allocated (freed or never allocated)")
+
+    def _insert(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
+        tree, page = self.tree, self.page_size
+        si = self.ci.get("swa")
+        node, off, n = tree.root, 0, len(tokens)
+        swa_from = max(swa_ev, prev)
+        while off < n:
+            child = node.children.get(tree.file_key(node, tokens, off, extra_key))
+            if child is None:
+                break
+            k = match_len(tokens, off, child.key, page)
+            if k == 0:
+                break
+            if k < len(child.key):
+                child = self.split(child, k)
+            if si is not None and off < swa_from < off + k and child.data[si].value is None:
+                child = self.split(child, swa_from - off)  # heal only the live part
+                k = len(child.key)
+            self._overlap(child, off, k, idx, swa, prev, swa_from, si)
+            node, off = child, off + k
+        prefix_len = off
+        if off < n and si is not None and off < swa_ev:
+            mid = min(swa_ev, n)  # below the caller's live SWA range: FULL only (tombstone)
+            node = self._new_leaf_with(node, tokens[off:mid], extra_key, idx, off, None, si)
+            off = mid
+        if off < n:
+            node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, swa, si)
+        mamba_exist = False
+        if mamba_slot is not None and node.parent is not None:
+            mi = self.ci["mamba"]
+            if node.data[mi].value is not None:
+                mamba_exist = True
+                self.free_slots(mi, DEVICE, mamba_slot)
+            else:
+                self.set_value(node, mi, DEVICE, mamba_slot.clone())
+            self.request_held[mi][DEVICE] -= 1
+        elif mamba_slot is not None:
+            self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
+            self.request_held[self.ci["mamba"]][DEVICE] -= 1
+        self.touch(node)
+        backups = transfers.backup_after_insert(self, node) if node.parent is not None else ()
+        if "mamba" in self.ci and node.parent is not None:
+            eviction.enforce_mamba_cap(self, node)
+        return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
+
+    def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
+        leaf = self.new_leaf(parent, key, extra_key)
+        end = off + len(key)
+        self.set_value(leaf, 0, DEVICE, idx[off:end].clone())
+        self.request_held[0][DEVICE] -= len(key)
+        if swa is not None:
+            self.set_value(leaf, si, DEVICE, swa[off:end].clone())
+            self.request_held[si][DEVICE] -= len(key)
+        return leaf
+
+    def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
+                 si: int | None) -> None:
+        end = off + k
+        f = node.data[0]
+        if f.value is None:
+            if off >= prev:  # un-evict: adopt the caller's fresh slots
+                self.set_value(node, 0, DEVICE, idx[off:end].clone())
+                self.request_held[0][DEVICE] -= k
+        else:
+            lo = max(off, prev)
+            if lo < end:
+                self.free_slots(0, DEVICE, idx[lo:end])
+                self.request_held[0][DEVICE] -= end - lo
+        if si is None:
+            return
+        s = node.data[si]
+        lo = max(off, swa_from)
+        if lo >= end:
+            return
+        if s.value is None and lo == off and node.data[0].value is not None:
+            self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
+        else:
+            self.free_slots(si, DEVICE, swa[lo:end])
+        self.request_held[si][DEVICE] -= end - lo
+
+    # ---- locks ----------------------------------------------------------------------------
+    def lock(self, node: int, *, owner: str | None = None, req_id: str | None = None
+             ) -> LockReceipt:
+        """Pin ``node`` against eviction. FULL pins the device path to the root and skips (and
+        records in ``receipt.skipped``) an evicted bottom segment; SWA pins one window; MAMBA
+        the anchor. Returns the receipt ``unlock`` needs. Mutates: lock refs, ledgers
+        (evictable -> protected), evictable-leaf sets. Emits: ``lock`` op, ``lock.acquire``."""
+        n = self.node(node)
+        if owner is not None and not isinstance(owner, str):
+            raise TypeError(f"owner must be a str or None, got {owner!r}")
+        return self._run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
+
+    def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
+        path = self.tree.path_to_root(n)
+        k = 0
+        while k < len(path) and path[k].data[0].value is None:
+            k += 1
+        eff = path[k:]
+        return {c.index: c.lock_pins(eff) for c in self.comps}, path[:k]
+
+    def _lock(self, n: Node, owner) -> LockReceipt:
+        pins, skipped = self.lock_pins(n)
+        rid = self.acquire(n, DEVICE, pins, owner)
+        return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE,
+                           tuple((self.comps[ci].name, tuple(x.id for x in ns))
+                                 for ci, ns in sorted(pins.items()) if ns),
+                           tuple(x.id for x in skipped), False, self.instance)
+
+    def _entry_of(self, receipt) -> object:
+        if not isinstance(receipt, LockReceipt):
+            raise TypeError(f"expected a LockReceipt, got {type(receipt).__name__}")
+        entry = self.locks.get(receipt.receipt_id)
+        if receipt.cache_instance != self.instance:
+            raise ValueError(f"receipt {receipt.receipt_id} belongs to another cache instance")
+        if entry is None:
+            raise ValueError(f"receipt {receipt.receipt_id} (anchor {receipt.anchor}) is not "
+                             "live: already unlocked")
+        if entry.anchor != receipt.anchor or entry.owner != receipt.owner:
+            raise ValueError(f"receipt {receipt.receipt_id} does not match the live lock "
+                             f"(anchor {entry.anchor}, owner {entry.owner!r})")
+        return entry
+
+    def unlock(self, receipt: LockReceipt, *, req_id: str | None = None) -> None:
+        """Release a lock. A double unlock or a foreign receipt raises ValueError.
+        Mutates: lock refs, ledgers, leaf sets. Emits: ``unlock`` op, ``lock.release``."""
+        entry = self._entry_of(receipt)
+        self._run(ev.OP_UNLOCK, req_id, self.release, entry)
+
+    def release_swa(self, receipt: LockReceipt, *, req_id: str | None = None) -> LockReceipt:
+        """Release a lock's SWA window (and its lower-priority MAMBA pin) early, once decode has
+        moved past the window. Returns a new receipt; ``unlock`` it later as usual."""
+        if "swa" not in self.ci:
+            raise ValueError("release_swa needs the 'swa' component")
+        entry = self._entry_of(receipt)
+        if receipt.swa_released:
+            raise ValueError(f"receipt {receipt.receipt_id}: SWA window already released")
+        pri = self.comps[self.ci["swa"]].priority
+        cis = {c.index for c in self.comps if c.priority <= pri}
+        self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
+        return dataclasses.replace(receipt, swa_released=True)
+
+    # ---- request-private slots -------------------------------------------------------------
+    def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
+              ) -> torch.Tensor:
+        """Device slots for a request: ``ceil_paged(num)`` KV slots (``num`` states for MAMBA),
+        evicting as needed. Raises ``CacheOutOfMemory`` with the numbers when no room can be
+        made (nothing is evicted then). Mutates: the pool; evictions."""
+        if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+            raise ValueError(f"alloc num={num!r} must be an int >= 0")
+        ci = self._ci_of(component)
+        return self._run(ev.OP_ALLOC, req_id, self._alloc, ci, num)
+
+    def _alloc(self, ci: int, num: int) -> torch.Tensor:
+        need = num if self.comps[ci].boundary_state else ceil_paged(num, self.page_size)
+        alloc = self.device_pools[ci].alloc
+        if alloc.available < need:
+            if alloc.available + self.evictable[ci][DEVICE] < need:
+                raise self.oom(ci, DEVICE, need)
+            eviction.evict_device(self, ci, need - alloc.available)
+        out = self.take_slots(ci, DEVICE, need)
+        if out is None:
+            raise self.oom(ci, DEVICE, need, "eviction could not reach the evictable total")
+        self.request_held[ci][DEVICE] += need
+        return out
+
+    def free(self, indices: torch.Tensor, *, component: str = "full",
+             req_id: str | None = None) -> int:
+        """Return request-private device slots (whole pages). A double free raises ValueError
+        naming the slots, before anything changes. Returns slots freed."""
+        ci = self._ci_of(component)
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
+        indices = indices.to("cpu", torch.int64) if indices.dtype == torch.int32 else indices
+        pages = self.device_pools[ci].alloc.check_free(indices)
+        return self._run(ev.OP_FREE, req_id, self._free, ci, indices, pages)
+
+    def _free(self, ci: int, indices, pages) -> int:
+        n = self.free_slots(ci, DEVICE, indices, pages)
+        self.request_held[ci][DEVICE] -= n
+        return n
+
+    # ---- eviction / transfers (bodies in eviction.py, transfers.py) ------------------------
+    def evict(self, num_tokens: int, *, component: str = "full", req_id: str | None = None):
+        """Free at least ``num_tokens`` device slots of ``component`` (LRU). Returns an
+        ``EvictResult``. Backed-up leaves become host-only; unbacked ones are deleted (under
+        write_back they are backed up first); childless tombstone ancestors are removed up to
+        the first locked or host-referenced node. Internal SWA/MAMBA data is tombstoned."""
+        _check_amount("num_tokens", num_tokens)
+        ci = self._ci_of(component)
+        return self._run(ev.OP_EVICT, req_id, eviction.evict_device, self, ci, num_tokens)
+
+    def evict_host(self, num_tokens: int, *, component: str = "full",
+                   req_id: str | None = None):
+        """Free at least ``num_tokens`` host slots of ``component`` (LRU over host-only leaves;
+        auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
+        _check_amount("num_tokens", num_tokens)
+        ci = self._ci_of(component)
+        return self._run(ev.OP_EVICT_HOST, req_id, eviction.evict_host, self, ci, num_tokens)
+
+    def backup(self, node: int, *, req_id: str | None = None) -> int | None:
+        """Start a device -> host copy of ``node`` (and, under write-through, its unbacked
+        ancestors). Host values are set at once; the nodes stay locked until the copy is acked
+        by ``poll``. Returns the transfer id, or None when nothing needed a copy or the host
+        tier had no room."""
+        n = self.node(node)
+        if not self.config.has_host:
+            raise ValueError("backup needs a host tier (host_tokens > 0)")
+        return self._run(ev.OP_BACKUP, req_id, transfers.backup, self, n)
+
+    def load_back(self, match: MatchResult, *, cow_mamba: bool = False,
+                  req_id: str | None = None) -> LoadBackResult:
+        """Host -> device load anchored on ``match.best_match_node`` (never on another node:
+        only there does every component accept the data). Allocates device slots (evicting as
+        needed, with the anchor's path pinned), sets the device values, and starts the copy;
+        the loaded nodes stay locked until ``poll`` acks it. Raises ``CacheOutOfMemory`` with
+        nothing changed when the slots cannot be found."""
+        if not isinstance(match, MatchResult):
+            raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
+        anchor = self.node(match.best_match_node)
+        return self._run(ev.OP_LOAD_BACK, req_id, transfers.load_back, self, anchor,
+                         bool(cow_mamba))
+
+    def poll(self, transfer_ids=None, *, wait: bool = False) -> list[int]:
+        """Ack finished transfers (on CPU: run the queued copies now, in the given order).
+        Returns the acked transfer ids. Each ack is recorded as a ``transfer`` op linked to the
+        op that enqueued it."""
+        if transfer_ids is not None:
+            transfer_ids = list(transfer_ids)
+            for t in transfer_ids:
+                if t not in self.transfers:
+                    raise ValueError(f"transfer {t!r} is not in flight")
+        return transfers.poll(self, transfer_ids, wait)
+
+    def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
+        """What admitting a request needs per component, against what is free; see
+        ``cache.admission.Admission``. ``fits`` is the decision. Read-only."""
+        return _admission.admission(self, match, extend_len, chunk_tokens)
+
+    # ---- observation (no recency change, no records) ---------------------------------------
+    def check(self) -> None:
+        """Raise ``InvariantViolation`` listing every broken invariant; read-only."""
+        invariants.check(self)
+
+    def snapshot(self) -> CacheSnapshot:
+        """Plain frozen data of the whole cache at the current seq; read-only."""
+        return invariants.live_snapshot(self)
+
+    def path_indices(self, node: int) -> torch.Tensor:
+        """FULL device indices from the root to ``node`` (which must be device-resident)."""
+        n = self.node(node)
+        path = self.tree.path_to_root(n)[::-1]
+        if any(x.data[0].value is None for x in path):
+            raise ValueError(f"node {node} is not device-resident up to the root")
+        return torch.cat([x.data[0].value for x in path]) if path else _EMPTY
+
+    def node_prefix_len(self, node: int) -> int:
+        return self.tree.prefix_len(self.node(node))
+
+    def available(self, component: str = "full", tier: str = "device") -> int:
+        return self.pool(self._ci_of(component), TIERS.index(tier)).alloc.available
+
+
+def _key_len(key) -> int:
+    try:
+        return len(key)
+    except TypeError:
+        raise TypeError(f"key must be a sequence of ints or a 1-D tensor, got "
+                        f"{type(key).__name__}") from None
+
+
+def _check_amount(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}={v!r} must be an int >= 0")
+
+
+def _attrs(cache: HiRadixCache, op: str, out, args) -> dict:
+    if op == ev.OP_MATCH:
+        return {ev.A_KEY_TOKENS: out.key_len, ev.A_DEVICE_TOKENS: out.device_prefix_len,
+                ev.A_HOST_TOKENS: out.host_hit_length, ev.A_SWA_HOST_TOKENS: out.swa_host_hit_length,
+                ev.A_MAMBA_HOST: out.mamba_host_hit_length, ev.A_NODE: out.last_device_node,
+                ev.A_BEST_NODE: out.best_match_node, ev.A_EXTRA_KEY: out.extra_key}
+    if op == ev.OP_INSERT:
+        return {ev.A_KEY_TOKENS: out.key_len, ev.A_PREFIX_LEN: out.prefix_len,
+                ev.A_NEW_TOKENS: out.new_tokens, ev.A_NODE: out.last_node}
+    if op == ev.OP_LOCK:
+        return {ev.A_RECEIPT: out.receipt_id, ev.A_NODE: out.anchor, ev.A_OWNER: out.owner,
+                ev.A_NODES: len(out.skipped)}
+    if op in (ev.OP_UNLOCK, ev.OP_RELEASE_SWA):
+        entry = args[0]
+        return {ev.A_RECEIPT: entry.receipt_id, ev.A_NODE: entry.anchor, ev.A_OWNER: entry.owner}
+    if op == ev.OP_ALLOC:
+        return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out.numel()}
+    if op == ev.OP_FREE:
+        return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out}
+    if op in (ev.OP_EVICT, ev.OP_EVICT_HOST):
+        return {ev.A_COMPONENT: cache.comps[args[1]].name, ev.A_REQUESTED: out.requested,
+                ev.A_FREED_TOKENS: out.freed_of(cache.comps[args[1]].name),
+                ev.A_FREED: dict(out.freed), ev.A_NODES: len(out.evicted_nodes)}
+    if op == ev.OP_BACKUP:
+        return {ev.A_TRANSFER: out, ev.A_NODE: args[1].id}
+    if op == ev.OP_LOAD_BACK:
+        return {ev.A_NODE: out.anchor, ev.A_TRANSFER: out.transfer_id,
+                ev.A_TOKENS: out.loaded_of("full"), ev.A_FREED: dict(out.loaded)}
+    return {}
+
+
+__all__ = ["HiRadixCache", "HOST", "DEVICE"]

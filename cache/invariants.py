@@ -1,0 +1,207 @@
+"""``check()``: every promise the structure makes, verified by recount; and the live snapshot.
+
+Both are read-only: no recency change, no records. ``check`` collects *all* violations and
+raises one ``InvariantViolation`` listing them with node ids and numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cache import events as ev
+from cache.errors import InvariantViolation
+from cache.snapshot import (
+    CacheSnapshot,
+    ComponentState,
+    LockSnapshot,
+    NodeSnapshot,
+    PoolSnapshot,
+    TransferSnapshot,
+)
+from cache.state import DEVICE, HOST, TIERS
+
+
+def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
+    v: list[tuple[str, int | None, str]] = []
+    comps, tree, page = core.comps, core.tree, core.page_size
+    n_c = len(comps)
+    write_through = core.config.write_policy != "write_back"
+    # ---- tree links --------------------------------------------------------------------
+    seen = {}
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        if node.id in seen:
+            v.append(("tree.cycle", node.id, "node reached twice"))
+            continue
+        seen[node.id] = node
+        for fk, child in node.children.items():
+            if child.parent is not node:
+                v.append(("tree.parent_link", child.id, f"parent is {getattr(child.parent, 'id', None)}, "
+                          f"filed under {node.id}"))
+            if tree.file_key(node, child.key, 0, child.extra_key) != fk:
+                v.append(("tree.child_key", child.id, f"filed under {fk!r}"))
+            stack.append(child)
+    if set(seen) != set(tree.nodes):
+        v.append(("tree.registry", None, f"unreachable {sorted(set(tree.nodes) - set(seen))[:8]}, "
+                  f"unregistered {sorted(set(seen) - set(tree.nodes))[:8]}"))
+    nodes = [n for n in seen.values() if n.parent is not None]
+    # ---- lock table recount ----------------------------------------------------------------
+    lock_count = {}
+    for entry in core.locks.values():
+        for ci, ids in entry.pins.items():
+            for nid in ids:
+                if nid not in tree.nodes:
+                    v.append(("lock.dead_pin", nid, f"receipt {entry.receipt_id} pins a deleted node"))
+                key = (nid, ci, entry.tier)
+                lock_count[key] = lock_count.get(key, 0) + 1
+    # ---- per node ------------------------------------------------------------------------------
+    ev_sum = [[0, 0] for _ in range(n_c)]
+    pr_sum = [[0, 0] for _ in range(n_c)]
+    owned: list[list[list[torch.Tensor]]] = [[[], []] for _ in range(n_c)]
+    d_leaves, h_leaves = set(), set()
+    lru_members = [[set(), set()] for _ in range(n_c)]
+    for node in nodes:
+        nid = node.id
+        if not node.key or len(node.key) % page:
+            v.append(("node.key", nid, f"key length {len(node.key)} not a positive multiple of {page}"))
+        f = node.data[0]
+        if f.value is None and f.host_value is None:
+            v.append(("node.dead", nid, "FULL holds no value on either tier"))
+        par = node.parent
+        if f.value is not None and par.parent is not None and par.data[0].value is None:
+            v.append(("full.device_prefix_closed", nid, f"device value under device-evicted parent {par.id}"))
+        if (write_through and f.host_value is not None and par.parent is not None
+                and par.data[0].host_value is None):
+            v.append(("full.host_prefix_closed", nid, f"host value under unbacked parent {par.id}"))
+        dev_children = sum(1 for c in node.children.values() if c.data[0].value is not None)
+        if dev_children != node.device_children:
+            v.append(("tree.device_children", nid, f"counter {node.device_children}, recount {dev_children}"))
+        for comp in comps:
+            ci = comp.index
+            d = node.data[ci]
+            for tier, val in ((DEVICE, d.value), (HOST, d.host_value)):
+                if val is None:
+                    continue
+                want = 1 if comp.boundary_state else len(node.key)
+                if comp.size(val) != want or val.numel() != want:
+                    v.append((f"{comp.name}.value_len", nid, f"{TIERS[tier]} value has {val.numel()} "
+                              f"slots, expected {want}"))
+                ref = d.lock_ref if tier == DEVICE else d.host_ref
+                (pr_sum if ref > 0 else ev_sum)[ci][tier] += comp.size(val)
+                owned[ci][tier].append(val)
+            if d.lock_ref < 0 or d.host_ref < 0:
+                v.append((f"{comp.name}.refs_negative", nid, f"lock_ref {d.lock_ref}, host_ref {d.host_ref}"))
+            for tier, ref in ((DEVICE, d.lock_ref), (HOST, d.host_ref)):
+                want = lock_count.get((nid, ci, tier), 0)
+                if ref != want:
+                    v.append((f"{comp.name}.{'lock_ref' if tier == DEVICE else 'host_ref'}", nid,
+                              f"{ref} but the lock table holds {want} pin(s)"))
+            if ci:
+                if d.value is not None and f.value is None:
+                    v.append((f"{comp.name}.device_without_full", nid, "auxiliary device value, FULL evicted"))
+                if d.host_value is not None and f.host_value is None and write_through:
+                    v.append((f"{comp.name}.host_without_full", nid, "auxiliary host value, FULL not backed up"))
+                if d.lock_ref > f.lock_ref:
+                    v.append((f"{comp.name}.lock_exceeds_full", nid, f"{d.lock_ref} > FULL {f.lock_ref}"))
+            if comp.uses_lru:
+                if d.value is not None:
+                    lru_members[ci][0].add(nid)
+                elif d.host_value is not None:
+                    lru_members[ci][1].add(nid)
+        unlocked = all(d.lock_ref == 0 for d in node.data)
+        if f.value is not None and unlocked and dev_children == 0:
+            d_leaves.add(nid)
+        if (f.value is None and f.host_value is not None and not node.children and unlocked
+                and all(d.host_ref == 0 for d in node.data)):
+            h_leaves.add(nid)
+    # ---- ledgers, leaf sets, recency lists --------------------------------------------------
+    for comp in comps:
+        ci = comp.index
+        for tier in (DEVICE, HOST):
+            tn = TIERS[tier]
+            if core.evictable[ci][tier] != ev_sum[ci][tier]:
+                v.append((f"{comp.name}.{tn}.evictable_ledger", None,
+                          f"ledger {core.evictable[ci][tier]}, recount {ev_sum[ci][tier]}"))
+            if core.protected[ci][tier] != pr_sum[ci][tier]:
+                v.append((f"{comp.name}.{tn}.protected_ledger", None,
+                          f"ledger {core.protected[ci][tier]}, recount {pr_sum[ci][tier]}"))
+            _check_pool(core, comp, tier, owned[ci][tier], v)
+        if comp.uses_lru:
+            for tier in (DEVICE, HOST):
+                have = set(core.lru[ci][tier])
+                if have != lru_members[ci][tier]:
+                    v.append((f"{comp.name}.{TIERS[tier]}_lru", None,
+                              f"missing {sorted(lru_members[ci][tier] - have)[:8]}, "
+                              f"extra {sorted(have - lru_members[ci][tier])[:8]}"))
+    if core.d_leaves != d_leaves:
+        v.append(("full.device_leaves", None, f"missing {sorted(d_leaves - core.d_leaves)[:8]}, "
+                  f"extra {sorted(core.d_leaves - d_leaves)[:8]}"))
+    if core.h_leaves != h_leaves:
+        v.append(("full.host_leaves", None, f"missing {sorted(h_leaves - core.h_leaves)[:8]}, "
+                  f"extra {sorted(core.h_leaves - h_leaves)[:8]}"))
+    for tid, t in core.transfers.items():
+        for rid in t.receipts:
+            if rid not in core.locks:
+                v.append(("transfer.unpinned", t.anchor, f"transfer {tid} lost its lock {rid}"))
+    if v:
+        raise InvariantViolation(v)
+
+
+def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> None:
+    ci = comp.index
+    alloc = core.pool(ci, tier).alloc
+    tn = TIERS[tier]
+    held = core.request_held[ci][tier]
+    total = alloc.available + core.evictable[ci][tier] + core.protected[ci][tier] + held
+    if total != alloc.capacity:
+        v.append((f"{comp.name}.{tn}.conservation", None,
+                  f"free {alloc.available} + evictable {core.evictable[ci][tier]} + protected "
+                  f"{core.protected[ci][tier]} + held by requests {held} = {total} != capacity "
+                  f"{alloc.capacity}"))
+    if values:
+        idx = torch.cat(values)
+        pages = idx // alloc.page_size
+        if idx.numel() and torch.unique(idx).numel() != idx.numel():
+            v.append((f"{comp.name}.{tn}.slot_shared", None, "a slot is owned by two tree values"))
+        if idx.numel() and not bool(alloc._used[pages].all()):
+            v.append((f"{comp.name}.{tn}.slot_freed", None,
+                      f"tree holds freed slots {idx[~alloc._used[pages]][:8].tolist()}"))
+
+
+def live_snapshot(core) -> CacheSnapshot:
+    comps = core.comps
+    out = []
+    for nid in sorted(core.tree.nodes):
+        n = core.tree.nodes[nid]
+        states = []
+        for comp in comps:
+            d = n.data[comp.index]
+            states.append(ComponentState(
+                None if d.value is None else comp.size(d.value),
+                None if d.host_value is None else comp.size(d.host_value), d.lock_ref, d.host_ref))
+        out.append(NodeSnapshot(nid, None if n.parent is None else n.parent.id, n.extra_key,
+                                n.key, n.last_access, n.hit_count, tuple(states)))
+    in_flight = {}
+    for t in core.transfers.values():
+        for c, a in t.amounts():
+            key = (c, t.dst_tier)
+            in_flight[key] = in_flight.get(key, 0) + a
+    pools = tuple(
+        PoolSnapshot(comp.name, TIERS[tier], core.pool(comp.index, tier).alloc.capacity,
+                     core.pool(comp.index, tier).alloc.available, core.evictable[comp.index][tier],
+                     core.protected[comp.index][tier], in_flight.get((comp.name, TIERS[tier]), 0))
+        for comp in comps for tier in (DEVICE, HOST))
+    locks = tuple(
+        LockSnapshot(e.receipt_id, e.owner, e.anchor, TIERS[e.tier],
+                     tuple((comps[ci].name, tuple(ids)) for ci, ids in sorted(e.pins.items())))
+        for _, e in sorted(core.locks.items()))
+    transfers = tuple(
+        TransferSnapshot(tid, t.kind, t.anchor, t.dst_tier, tuple(core.transfer_nodes[tid]),
+                         t.amounts())
+        for tid, t in sorted(core.transfers.items()))
+    return CacheSnapshot(core.seq, core.page_size, tuple(c.name for c in comps), tuple(out),
+                         pools, locks, transfers)
+
+
+__all__ = ["check", "live_snapshot", "ev"]

@@ -1,0 +1,77 @@
+"""Token-id keys: validation, page truncation and prefix comparison (no tree, no memory)."""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+
+_NAMESPACE_TYPES = (str, int, type(None))
+
+
+def normalize_key(key: object, page_size: int, name: str = "key") -> tuple[int, ...]:
+    """Validate ``key`` (a sequence of ints >= 0 or a 1-D integer tensor) and truncate it to
+    whole pages. Raises TypeError/ValueError naming the bad value; never mutates anything."""
+    if isinstance(key, torch.Tensor):
+        if key.dim() != 1:
+            raise ValueError(f"{name} tensor must be 1-D, got shape {tuple(key.shape)}")
+        if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+            raise TypeError(f"{name} tensor must have an integer dtype, got {key.dtype}")
+        toks = tuple(key.tolist())
+    elif isinstance(key, (list, tuple, array)):
+        toks = tuple(key)
+    else:
+        raise TypeError(f"{name} must be a list/tuple of ints or a 1-D integer tensor, "
+                        f"got {type(key).__name__}")
+    if toks:
+        try:
+            array("q", toks)
+        except TypeError:
+            bad = next(t for t in toks if not isinstance(t, int))
+            raise TypeError(f"{name} must hold ints, found {bad!r} ({type(bad).__name__})") from None
+        except OverflowError:
+            raise ValueError(f"{name} holds a token id outside int64: {max(toks)!r}") from None
+        lo = min(toks)
+        if lo < 0:
+            raise ValueError(f"{name} holds a negative token id {lo} at position {toks.index(lo)}")
+    n = len(toks) - len(toks) % page_size
+    return toks if n == len(toks) else toks[:n]
+
+
+def check_namespace(extra_key: object) -> object:
+    if not isinstance(extra_key, _NAMESPACE_TYPES) or isinstance(extra_key, bool):
+        raise TypeError(f"extra_key must be None, a str or an int, got {extra_key!r}")
+    return extra_key
+
+
+def match_len(a: tuple[int, ...], a_off: int, b: tuple[int, ...], page_size: int) -> int:
+    """Length of the common prefix of ``a[a_off:]`` and ``b``, rounded down to whole pages.
+
+    Compares slices in C, galloping then bisecting, so long keys cost O(log n) slice compares."""
+    n = min(len(a) - a_off, len(b))
+    if a[a_off:a_off + n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
+    step = page_size
+    while step < hi and a[a_off:a_off + step] == b[:step]:
+        lo = step
+        step *= 2
+    hi = min(step, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[a_off:a_off + mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % page_size
+
+
+def child_key(tokens: tuple[int, ...], offset: int, page_size: int) -> object:
+    """The key a child is filed under in its parent: its first page (an int when page_size 1)."""
+    if page_size == 1:
+        return tokens[offset]
+    return tokens[offset:offset + page_size]
+
+
+def ceil_paged(n: int, page_size: int) -> int:
+    return -(-n // page_size) * page_size

@@ -1,0 +1,148 @@
+"""Frozen results, receipts and handles returned by the cache. Tuple fields; never mutated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What ``match_prefix`` found.
+
+    Attributes:
+        device_indices: FULL device slot indices of the usable device prefix (a fresh tensor).
+        device_prefix_len: its length in tokens (page-aligned).
+        last_device_node: deepest node every component accepts on device (lock this one).
+        last_host_node: deepest node every component accepts on device or host (the L3
+            prefetch anchor; equal to ``best_match_node`` here).
+        best_match_node: deepest node every component accepts on device or host: the L2
+            load-back anchor.
+        host_hit_length: FULL tokens a load-back will bring from host.
+        swa_host_hit_length: SWA tokens a load-back will bring (host-only SWA in the window
+            behind ``best_match_node``, page-rounded, capped at the page-rounded window).
+        mamba_host_hit_length: MAMBA states a load-back will bring (0 or 1).
+        matched_len: tokens matched on any tier ignoring auxiliary components (FULL only).
+        key_len: page-aligned length of the key that was matched.
+        mamba_slot: request-owned MAMBA slot holding a copy of the state (``cow_mamba``).
+    """
+
+    device_indices: torch.Tensor
+    device_prefix_len: int
+    last_device_node: int
+    last_host_node: int
+    best_match_node: int
+    host_hit_length: int = 0
+    swa_host_hit_length: int = 0
+    mamba_host_hit_length: int = 0
+    matched_len: int = 0
+    key_len: int = 0
+    extra_key: object = None
+    mamba_slot: torch.Tensor | None = None
+
+    @property
+    def needs_load_back(self) -> bool:
+        return (self.host_hit_length > 0 or self.swa_host_hit_length > 0
+                or self.mamba_host_hit_length > 0)
+
+    @property
+    def best_prefix_len(self) -> int:
+        """Tokens usable after a load-back: device prefix plus host hits."""
+        return self.device_prefix_len + self.host_hit_length
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """``prefix_len``: tokens of the key already in the tree (device or host) before the insert;
+    the caller's slots for that part were freed, except below ``prev_prefix_len``.
+    ``last_node``: the node ending at the inserted key. ``mamba_exist``: the tree already held
+    a state there, so the donated MAMBA slot was freed."""
+
+    prefix_len: int
+    last_node: int
+    key_len: int
+    new_tokens: int
+    mamba_exist: bool = False
+    backups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LockReceipt:
+    """Proof of a lock. ``unlock`` replays the pins the cache keeps under ``receipt_id``.
+
+    ``skipped`` lists the FULL-evicted bottom segment (host-only nodes below the deepest device
+    node) that the lock did not pin; ``pins`` the nodes pinned per component at lock time.
+    """
+
+    receipt_id: int
+    anchor: int
+    owner: str | None
+    tier: str
+    pins: tuple[tuple[str, tuple[int, ...]], ...]
+    skipped: tuple[int, ...] = ()
+    swa_released: bool = False
+    cache_instance: int = 0
+
+
+@dataclass(frozen=True)
+class EvictResult:
+    requested: int
+    freed: tuple[tuple[str, int], ...]  # per component, slots freed on this tier
+    evicted_nodes: tuple[int, ...]      # nodes deleted or demoted, in eviction order
+    demoted: tuple[int, ...] = ()       # nodes that became host-only
+    deleted: tuple[int, ...] = ()       # nodes removed from the tree
+    tombstoned: tuple[tuple[str, int], ...] = ()  # (component, node) internal tombstones
+
+    def freed_of(self, component: str) -> int:
+        return dict(self.freed).get(component, 0)
+
+
+@dataclass(frozen=True)
+class LoadBackResult:
+    anchor: int
+    device_indices: torch.Tensor   # FULL device indices of the whole prefix up to the anchor
+    device_prefix_len: int
+    loaded: tuple[tuple[str, int], ...]  # per component, slots loaded
+    transfer_id: int | None
+    mamba_slot: torch.Tensor | None = None
+
+    def loaded_of(self, component: str) -> int:
+        return dict(self.loaded).get(component, 0)
+
+
+@dataclass(frozen=True)
+class PoolCopy:
+    """One copy between pools: ``src`` slots of (component, src tier) into ``dst`` slots."""
+
+    component: str
+    src_tier: str
+    dst_tier: str
+    src: torch.Tensor
+    dst: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """An asynchronous copy job. Never mutated: moving indices makes a new object
+    (``dataclasses.replace``), so the tree's own tensors are never touched by a transfer."""
+
+    transfer_id: int
+    kind: str             # "backup" (device -> host) or "load_back" (host -> device)
+    anchor: int
+    node_ids: tuple[int, ...]
+    copies: tuple[PoolCopy, ...]
+    enqueued_by: int      # op_id of the operation that created it
+    receipts: tuple[int, ...] = ()
+    created_ns: int = 0
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def dst_tier(self) -> str:
+        return "host" if self.kind == "backup" else "device"
+
+    def amounts(self) -> tuple[tuple[str, int], ...]:
+        out: dict[str, int] = {}
+        for c in self.copies:
+            out[c.component] = out.get(c.component, 0) + c.src.numel()
+        return tuple(out.items())

@@ -1,0 +1,309 @@
+"""Plain frozen snapshots of the cache, and the replay that rebuilds them from mutations.
+
+``HiRadixCache.snapshot()`` builds a ``CacheSnapshot`` from the live tree (reading its ledgers);
+``SnapshotBuilder`` rebuilds one from a starting snapshot plus the mutation journal (deriving the
+ledgers from node states). Tests hold the two equal, which checks the journal *and* the ledgers.
+Only ids, lengths, refs and tokens appear here: no tensors, no node objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cache import events as ev
+
+STATE_DEVICE = "device"
+STATE_HOST = "host"
+STATE_BOTH = "device+host"
+STATE_TOMBSTONE = "tombstone"
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentState:
+    """One component on one node: lengths per tier (``None`` = no value there) and refs."""
+
+    device_len: int | None
+    host_len: int | None
+    lock_ref: int
+    host_ref: int
+
+    @property
+    def state(self) -> str:
+        if self.device_len is not None:
+            return STATE_BOTH if self.host_len is not None else STATE_DEVICE
+        return STATE_HOST if self.host_len is not None else STATE_TOMBSTONE
+
+    def as_tuple(self) -> tuple:
+        return (self.device_len, self.host_len, self.lock_ref, self.host_ref)
+
+
+EMPTY_STATE = ComponentState(None, None, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node_id: int
+    parent_id: int | None
+    extra_key: object
+    tokens: tuple[int, ...]
+    last_access: int
+    hit_count: int
+    components: tuple[ComponentState, ...]  # aligned with CacheSnapshot.components
+
+    @property
+    def key_len(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    component: str
+    tier: str
+    capacity: int
+    available: int
+    evictable: int
+    protected: int
+    in_flight: int
+
+    @property
+    def held(self) -> int:
+        """Slots held outside the tree (request-private rows): the conservation remainder."""
+        return self.capacity - self.available - self.evictable - self.protected
+
+
+@dataclass(frozen=True, slots=True)
+class LockSnapshot:
+    receipt_id: int
+    owner: str | None
+    anchor: int
+    tier: str
+    pins: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferSnapshot:
+    transfer_id: int
+    kind: str
+    anchor: int
+    tier: str
+    node_ids: tuple[int, ...]
+    amounts: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    seq: int
+    page_size: int
+    components: tuple[str, ...]
+    nodes: tuple[NodeSnapshot, ...]  # sorted by node_id; the root (id 0) first
+    pools: tuple[PoolSnapshot, ...]
+    locks: tuple[LockSnapshot, ...]
+    transfers: tuple[TransferSnapshot, ...]
+
+    def node(self, node_id: int) -> NodeSnapshot:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(f"node {node_id} is not in the snapshot at seq {self.seq}")
+
+    def pool(self, component: str, tier: str) -> PoolSnapshot:
+        for p in self.pools:
+            if p.component == component and p.tier == tier:
+                return p
+        raise KeyError(f"no pool {component}/{tier} in the snapshot")
+
+    # ---- plain-data round trip (store keyframes, crash bundles) ---------------------------
+    def to_dict(self) -> dict:
+        return {
+            "seq": self.seq,
+            "page_size": self.page_size,
+            "components": list(self.components),
+            "nodes": [[n.node_id, n.parent_id, n.extra_key, list(n.tokens), n.last_access,
+                       n.hit_count, [list(c.as_tuple()) for c in n.components]]
+                      for n in self.nodes],
+            "pools": [[p.component, p.tier, p.capacity, p.available, p.evictable, p.protected,
+                       p.in_flight] for p in self.pools],
+            "locks": [[lk.receipt_id, lk.owner, lk.anchor, lk.tier,
+                       [[c, list(ids)] for c, ids in lk.pins]] for lk in self.locks],
+            "transfers": [[t.transfer_id, t.kind, t.anchor, t.tier, list(t.node_ids),
+                           [[c, a] for c, a in t.amounts]] for t in self.transfers],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CacheSnapshot:
+        try:
+            nodes = tuple(
+                NodeSnapshot(int(i), None if p is None else int(p), _hashable(ek),
+                             tuple(int(t) for t in toks), int(la), int(hc),
+                             tuple(ComponentState(*c) for c in comps))
+                for i, p, ek, toks, la, hc, comps in d["nodes"])
+            return cls(
+                seq=int(d["seq"]), page_size=int(d["page_size"]),
+                components=tuple(d["components"]), nodes=nodes,
+                pools=tuple(PoolSnapshot(*p) for p in d["pools"]),
+                locks=tuple(LockSnapshot(r, o, a, t, tuple((c, tuple(ids)) for c, ids in pins))
+                            for r, o, a, t, pins in d["locks"]),
+                transfers=tuple(TransferSnapshot(i, k, a, t, tuple(ids),
+                                                 tuple((c, n) for c, n in am))
+                                for i, k, a, t, ids, am in d["transfers"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a valid cache snapshot: {type(e).__name__}: {e}") from None
+
+
+def _hashable(v: object) -> object:
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+class SnapshotBuilder:
+    """Replays mutations onto a starting snapshot. ``apply`` is an overwrite for states and a
+    +/-1 for lock pins, exactly mirroring what the cache did; ``snapshot()`` freezes the result
+    and derives each pool's evictable/protected from node states (the ledger recount)."""
+
+    def __init__(self, start: CacheSnapshot) -> None:
+        self.seq = start.seq
+        self.page_size = start.page_size
+        self.components = start.components
+        self._ci = {c: i for i, c in enumerate(start.components)}
+        # node id -> [parent, extra_key, tokens, last_access, hits, [[dev, host, lock, href], ...]]
+        self.nodes: dict[int, list] = {
+            n.node_id: [n.parent_id, n.extra_key, n.tokens, n.last_access, n.hit_count,
+                        [list(c.as_tuple()) for c in n.components]]
+            for n in start.nodes}
+        self.pools = {(p.component, p.tier): [p.capacity, p.available] for p in start.pools}
+        self.locks = {lk.receipt_id: [lk.owner, lk.anchor, lk.tier,
+                                      {c: list(ids) for c, ids in lk.pins}] for lk in start.locks}
+        self.transfers = {t.transfer_id: t for t in start.transfers}
+
+    def apply_all(self, mutations: Iterable[tuple]) -> SnapshotBuilder:
+        for m in mutations:
+            self.apply(m)
+        return self
+
+    def apply(self, m: tuple) -> None:  # noqa: C901 - one branch per mutation kind
+        seq, _op, kind, node, comp, tier, value = m
+        if seq <= self.seq:
+            return  # already contained in the starting snapshot
+        self.seq = seq
+        nodes = self.nodes
+        if kind == ev.COMP_STATE:
+            nodes[node][5][self._ci[comp]] = list(value)
+        elif kind == ev.NODE_TOUCH:
+            cur = node
+            while cur is not None and cur != 0:
+                rec = nodes[cur]
+                rec[3] = value
+                rec[4] += 1
+                cur = rec[0]
+        elif kind == ev.POOL_AVAILABLE:
+            self.pools[(comp, tier)][1] = value
+        elif kind == ev.LOCK_ACQUIRE:
+            rid, owner, pins = value
+            slot = 2 if tier == ev.TIER_DEVICE else 3
+            for c, ids in pins:
+                ci = self._ci[c]
+                for nid in ids:
+                    nodes[nid][5][ci][slot] += 1
+            self.locks[rid] = [owner, node, tier, {c: list(ids) for c, ids in pins}]
+        elif kind == ev.LOCK_RELEASE:
+            rid, pins = value
+            slot = 2 if tier == ev.TIER_DEVICE else 3
+            held = self.locks[rid][3]
+            for c, ids in pins:
+                ci = self._ci[c]
+                for nid in ids:
+                    nodes[nid][5][ci][slot] -= 1
+                rest = held.get(c, [])
+                for nid in ids:
+                    rest.remove(nid)
+                if not rest:
+                    held.pop(c, None)
+            if not held:
+                del self.locks[rid]
+        elif kind == ev.NODE_CREATE:
+            parent, extra_key, tokens = value
+            nodes[node] = [parent, extra_key, tuple(tokens), 0, 0,
+                           [[None, None, 0, 0] for _ in self.components]]
+        elif kind == ev.NODE_SPLIT:
+            new_id, k, ref_comps = value
+            child = nodes[node]
+            nodes[new_id] = [child[0], child[1], child[2][:k], child[3], child[4],
+                             [[None, None, 0, 0] for _ in self.components]]
+            child[2] = child[2][k:]
+            child[0] = new_id
+            for lock in self.locks.values():  # the new parent inherits the child's pins
+                for c in ref_comps:
+                    ids = lock[3].get(c)
+                    if ids and node in ids:
+                        ids.insert(ids.index(node) + 1, new_id)
+            for tid, t in list(self.transfers.items()):
+                if node in t.node_ids:
+                    ids = list(t.node_ids)
+                    ids.insert(ids.index(node) + 1, new_id)
+                    self.transfers[tid] = TransferSnapshot(t.transfer_id, t.kind, t.anchor, t.tier,
+                                                           tuple(ids), t.amounts)
+        elif kind == ev.NODE_DELETE:
+            del nodes[node]
+        elif kind == ev.TRANSFER_START:
+            tid, tkind, node_ids, amounts = value
+            self.transfers[tid] = TransferSnapshot(tid, tkind, node, tier, tuple(node_ids),
+                                                   tuple((c, a) for c, a in amounts))
+        elif kind == ev.TRANSFER_DONE:
+            self.transfers.pop(value[0], None)
+        else:
+            raise ValueError(f"unknown mutation kind {kind!r} at seq {seq}")
+
+    def snapshot(self) -> CacheSnapshot:
+        comps = self.components
+        nodes = tuple(
+            NodeSnapshot(nid, r[0], r[1], r[2], r[3], r[4], tuple(ComponentState(*c) for c in r[5]))
+            for nid, r in sorted(self.nodes.items()))
+        pools = []
+        for (comp, tier), (cap, avail) in self.pools.items():
+            ci = self._ci[comp]
+            ev_sum = pr_sum = 0
+            for n in nodes:
+                c = n.components[ci]
+                if tier == ev.TIER_DEVICE:
+                    if c.device_len is not None and n.node_id != 0:
+                        if c.lock_ref > 0:
+                            pr_sum += c.device_len
+                        else:
+                            ev_sum += c.device_len
+                elif c.host_len is not None and n.node_id != 0:
+                    if c.host_ref > 0:
+                        pr_sum += c.host_len
+                    else:
+                        ev_sum += c.host_len
+            in_flight = sum(a for t in self.transfers.values() if t.tier == tier
+                            for c, a in t.amounts if c == comp)
+            pools.append(PoolSnapshot(comp, tier, cap, avail, ev_sum, pr_sum, in_flight))
+        locks = tuple(
+            LockSnapshot(rid, o, a, t, tuple((c, tuple(ids)) for c, ids in sorted(pins.items(),
+                                                                               key=_comp_order(comps))))
+            for rid, (o, a, t, pins) in sorted(self.locks.items()))
+        return CacheSnapshot(self.seq, self.page_size, comps, nodes,
+                             tuple(sorted(pools, key=_pool_order(comps))), locks,
+                             tuple(t for _, t in sorted(self.transfers.items())))
+
+
+def _comp_order(comps: tuple[str, ...]):
+    idx = {c: i for i, c in enumerate(comps)}
+    return lambda item: idx[item[0]]
+
+
+def _pool_order(comps: tuple[str, ...]):
+    idx = {c: i for i, c in enumerate(comps)}
+    return lambda p: (idx[p.component], 0 if p.tier == ev.TIER_DEVICE else 1)
+
+
+def replay(start: CacheSnapshot, mutations: Iterable[tuple], upto_seq: int | None = None
+           ) -> CacheSnapshot:
+    """The snapshot after applying ``mutations`` (those with seq <= ``upto_seq``) to ``start``."""
+    b = SnapshotBuilder(start)
+    for m in mutations:
+        if upto_seq is not None and m[0] > upto_seq:
+            break
+        b.apply(m)
+    return b.snapshot()

@@ -1,0 +1,455 @@
+"""The cache's state and the one place every state change passes through.
+
+``CacheCore`` owns the tree, the pools, the per-component ledgers (evictable / protected per
+tier), the FULL evictable-leaf heaps (device D-leaves, host H-leaves), the auxiliary recency lists,
+the lock table and the recorder. Its primitives (``set_value``, ``acquire``, ``release``,
+``split``, ``delete``, ``touch``) keep all of those in step *and* emit the matching mutation, so
+a state change cannot happen without being recorded. Public operations live in ``hiradix.py``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import OrderedDict
+
+import torch
+from opentelemetry import context as otel_context
+
+from cache import events as ev
+from cache.components import build_components
+from cache.config import CacheConfig
+from cache.errors import CacheOutOfMemory
+from cache.events import NULL_RECORDER, OpRecord, Recorder
+from cache.pools import KVPool, StatePool
+from cache.tree import ROOT_ID, Node, RadixTree
+
+log = logging.getLogger("radixscope.cache")
+
+DEVICE, HOST = 0, 1
+TIERS = (ev.TIER_DEVICE, ev.TIER_HOST)
+
+
+class LockEntry:
+    """A live lock: the nodes pinned per component index (bottom-up order)."""
+
+    __slots__ = ("receipt_id", "owner", "anchor", "tier", "pins")
+
+    def __init__(self, receipt_id: int, owner: str | None, anchor: int, tier: int,
+                 pins: dict[int, list[int]]) -> None:
+        self.receipt_id = receipt_id
+        self.owner = owner
+        self.anchor = anchor
+        self.tier = tier
+        self.pins = pins
+
+
+class CacheCore:
+    def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
+        if not isinstance(config, CacheConfig):
+            raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
+        self.config = config
+        self.page_size = config.page_size
+        self.comps = build_components(config)
+        self.ci = {c.name: c.index for c in self.comps}
+        self.tree = RadixTree(config.page_size, len(self.comps))
+        self._build_pools()
+        n = len(self.comps)
+        self.evictable = [[0, 0] for _ in range(n)]
+        self.protected = [[0, 0] for _ in range(n)]
+        self.d_leaves: set[int] = set()
+        self.h_leaves: set[int] = set()
+        self._d_heap: list[tuple[int, int]] = []
+        self._h_heap: list[tuple[int, int]] = []
+        self.lru = [[OrderedDict(), OrderedDict()] if c.uses_lru else None for c in self.comps]
+        self.locks: dict[int, LockEntry] = {}
+        self.transfers: dict = {}          # transfer id -> Transfer (in flight)
+        self.transfer_nodes: dict[int, list[int]] = {}
+        self._next_receipt = 1
+        self._next_transfer = 1
+        self._tick = 0
+        # recording
+        self.recorder = recorder or NULL_RECORDER
+        self._on = bool(self.recorder.enabled)
+        self._ctx = bool(getattr(self.recorder, "capture_context", False))
+        self.seq = 0
+        self._op_id = 0
+        self._cur_op = 0
+        self._muts: list[tuple] = []
+        self._depth = 0
+        self.recorder_errors = 0
+        self.error_hook = None  # called with (op, exception) when an operation raises
+
+    # ---- construction ------------------------------------------------------------------
+    def _build_pools(self) -> None:
+        c = self.config
+        cuda = c.device.startswith("cuda")
+        self.device_pools: list = []
+        self.host_pools: list = []
+        for comp in self.comps:
+            if comp.name == "full":
+                dev = KVPool("full/device", c.layers, c.device_tokens, c.heads, c.head_dim,
+                             c.dtype, c.device, c.page_size)
+                host = KVPool("full/host", c.layers, c.host_tokens, c.heads, c.head_dim,
+                              c.dtype, "cpu", c.page_size, pin=cuda)
+            elif comp.name == "swa":
+                dev = KVPool("swa/device", c.swa_layers, c.swa_device_tokens, c.heads, c.head_dim,
+                             c.dtype, c.device, c.page_size)
+                host = KVPool("swa/host", c.swa_layers, c.swa_host_tokens, c.heads, c.head_dim,
+                              c.dtype, "cpu", c.page_size, pin=cuda)
+            else:
+                dev = StatePool("mamba/device", c.mamba_slots, c.mamba_state_shape, c.dtype,
+                                c.device)
+                host = StatePool("mamba/host", c.mamba_host_slots, c.mamba_state_shape, c.dtype,
+                                 "cpu", pin=cuda)
+            self.device_pools.append(dev)
+            self.host_pools.append(host)
+
+    def pool(self, ci: int, tier: int):
+        return self.device_pools[ci] if tier == DEVICE else self.host_pools[ci]
+
+    # ---- recording -----------------------------------------------------------------------
+    def _begin(self):
+        """Start an op record (nested internal calls share the outer op)."""
+        self._depth += 1
+        if not self._on or self._depth > 1:
+            return None
+        self._op_id += 1
+        self._cur_op = self._op_id
+        ctx = otel_context.get_current() if self._ctx else None
+        return (self._op_id, time.time_ns(), self.seq + 1, ctx)
+
+    def _end(self, tok, op: str, req_id, attrs: dict | None, error: BaseException | None = None
+             ) -> None:
+        self._depth -= 1
+        if error is not None and self._depth == 0 and self.error_hook is not None:
+            self._run_error_hook(op, error, tok)
+        if tok is None:
+            return
+        op_id, start, seq_first, ctx = tok
+        muts, self._muts = self._muts, []
+        err = None if error is None else f"{type(error).__name__}: {error}"
+        self._emit_record(OpRecord(op_id, op, start, time.time_ns(), req_id, ctx, seq_first,
+                                   self.seq, attrs or {}, err), muts)
+
+    def end_transfer(self, tok, attrs: dict, start_ns: int) -> None:
+        """Close a transfer ack: its own ``transfer`` op record when top-level; when nested in
+        another op (a synchronous write-back), the mutations stay with that op and the transfer
+        gets a record of its own with no mutations, so it still becomes a linked span."""
+        self._depth -= 1
+        if tok is not None:
+            op_id, _start, seq_first, _ctx = tok
+            muts, self._muts = self._muts, []
+        elif self._on:
+            self._op_id += 1
+            op_id, seq_first, muts = self._op_id, self.seq + 1, []
+        else:
+            return
+        self._emit_record(OpRecord(op_id, ev.OP_TRANSFER, start_ns, time.time_ns(), None, None,
+                                   seq_first, self.seq, attrs, None), muts)
+
+    def _emit_record(self, rec: OpRecord, muts: list[tuple]) -> None:
+        try:
+            self.recorder.record(rec, muts)
+        except Exception:  # telemetry must never break the cache; counted and logged
+            self.recorder_errors += 1
+            log.exception("recorder failed on op %s (failure #%d)", rec.op, self.recorder_errors)
+
+    def _run_error_hook(self, op: str, error: BaseException, tok) -> None:
+        hook, self.error_hook = self.error_hook, None  # no recursion if the hook itself fails
+        try:
+            hook(op, error)
+        except Exception:
+            log.exception("error hook failed while handling %s in %s", type(error).__name__, op)
+        finally:
+            self.error_hook = hook
+
+    def _m(self, kind: str, node, comp, tier, value) -> None:
+        if self._on:
+            self.seq += 1
+            self._muts.append((self.seq, self._cur_op, kind, node, comp, tier, value))
+
+    def _emit_state(self, node: Node, ci: int) -> None:
+        if self._on:
+            d = node.data[ci]
+            comp = self.comps[ci]
+            self.seq += 1
+            self._muts.append((self.seq, self._cur_op, ev.COMP_STATE, node.id, comp.name, None, (
+                None if d.value is None else comp.size(d.value),
+                None if d.host_value is None else comp.size(d.host_value),
+                d.lock_ref, d.host_ref)))
+
+    def _emit_pool(self, ci: int, tier: int) -> None:
+        if self._on:
+            self._m(ev.POOL_AVAILABLE, None, self.comps[ci].name, TIERS[tier],
+                    self.pool(ci, tier).alloc.available)
+
+    # ---- slots ---------------------------------------------------------------------------
+    def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
+        n = self.pool(ci, tier).alloc.free(idx, checked)
+        self._emit_pool(ci, tier)
+        return n
+
+    def take_slots(self, ci: int, tier: int, n: int) -> torch.Tensor | None:
+        out = self.pool(ci, tier).alloc.alloc(n)
+        if out is not None and n:
+            self._emit_pool(ci, tier)
+        return out
+
+    def oom(self, ci: int, tier: int, requested: int, note: str = "") -> CacheOutOfMemory:
+        return CacheOutOfMemory(self.comps[ci].name, TIERS[tier], requested,
+                                self.pool(ci, tier).alloc.available, self.evictable[ci][tier],
+                                self.protected[ci][tier], note)
+
+    # ---- component values ----------------------------------------------------------------
+    def set_value(self, node: Node, ci: int, tier: int, value: torch.Tensor | None) -> None:
+        """Set (or clear, with None) one component's value on one tier, keeping ledgers, leaf
+        sets and recency lists in step. Does not free slots (callers free what they drop)."""
+        d = node.data[ci]
+        comp = self.comps[ci]
+        old = d.value if tier == DEVICE else d.host_value
+        ref = d.lock_ref if tier == DEVICE else d.host_ref
+        led = self.protected[ci] if ref > 0 else self.evictable[ci]
+        if old is not None:
+            led[tier] -= comp.size(old)
+        if value is not None:
+            led[tier] += comp.size(value)
+        if tier == DEVICE:
+            d.value = value
+            if ci == 0 and (old is None) != (value is None) and node.parent is not None:
+                node.parent.device_children += 1 if value is not None else -1
+                self.refresh_leaf(node.parent)
+        else:
+            d.host_value = value
+        if comp.uses_lru:
+            self._lru_place(node, ci)
+        if ci == 0:
+            self.refresh_leaf(node)
+        self._emit_state(node, ci)
+
+    def _lru_place(self, node: Node, ci: int) -> None:
+        dev, host = self.lru[ci]
+        d = node.data[ci]
+        if d.value is not None:
+            host.pop(node.id, None)
+            if node.id not in dev:
+                dev[node.id] = node
+        else:
+            dev.pop(node.id, None)
+            if d.host_value is not None:
+                if node.id not in host:
+                    host[node.id] = node
+            else:
+                host.pop(node.id, None)
+
+    # ---- evictable leaves ------------------------------------------------------------------
+    def refresh_leaf(self, node: Node) -> None:
+        if node.parent is None:
+            return
+        f = node.data[0]
+        nid = node.id
+        unlocked = all(d.lock_ref == 0 for d in node.data)
+        if f.value is not None and unlocked and node.device_children == 0:
+            if nid not in self.d_leaves:
+                self.d_leaves.add(nid)
+                heapq.heappush(self._d_heap, (node.last_access, nid))
+        elif nid in self.d_leaves:
+            self.d_leaves.discard(nid)
+        if (f.value is None and f.host_value is not None and not node.children and unlocked
+                and all(d.host_ref == 0 for d in node.data)):
+            if nid not in self.h_leaves:
+                self.h_leaves.add(nid)
+                heapq.heappush(self._h_heap, (node.last_access, nid))
+        elif nid in self.h_leaves:
+            self.h_leaves.discard(nid)
+
+    def pop_leaf(self, tier: int) -> Node | None:
+        """The least recently used evictable leaf of a tier, or None. O(log n) amortised."""
+        heap, live = (self._d_heap, self.d_leaves) if tier == DEVICE else (self._h_heap,
+                                                                          self.h_leaves)
+        nodes = self.tree.nodes
+        while heap:
+            t, nid = heapq.heappop(heap)
+            if nid in live:
+                node = nodes[nid]
+                if node.last_access == t:
+                    return node
+        return None
+
+    def _compact_heaps(self) -> None:
+        nodes = self.tree.nodes
+        for attr, live in (("_d_heap", self.d_leaves), ("_h_heap", self.h_leaves)):
+            if len(getattr(self, attr)) > 4 * len(live) + 1024:
+                heap = [(nodes[i].last_access, i) for i in live]
+                heapq.heapify(heap)
+                setattr(self, attr, heap)
+
+    # ---- locks -----------------------------------------------------------------------------
+    def acquire(self, anchor: Node, tier: int, pins: dict[int, list[Node]], owner) -> int:
+        """Pin nodes (lock_ref on device, host_ref on host) and register the lock."""
+        rid = self._next_receipt
+        self._next_receipt += 1
+        for ci, nodes in pins.items():
+            size = self.comps[ci].size
+            for node in nodes:
+                d = node.data[ci]
+                if tier == DEVICE:
+                    if d.lock_ref == 0 and d.value is not None:
+                        self.evictable[ci][0] -= size(d.value)
+                        self.protected[ci][0] += size(d.value)
+                    d.lock_ref += 1
+                else:
+                    if d.host_ref == 0 and d.host_value is not None:
+                        self.evictable[ci][1] -= size(d.host_value)
+                        self.protected[ci][1] += size(d.host_value)
+                    d.host_ref += 1
+        entry = LockEntry(rid, owner, anchor.id, tier,
+                          {ci: [n.id for n in nodes] for ci, nodes in pins.items() if nodes})
+        self.locks[rid] = entry
+        for node in {n.id: n for ns in pins.values() for n in ns}.values():
+            self.refresh_leaf(node)
+        if self._on:
+            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIERS[tier], (rid, owner, self._pins_out(entry)))
+        return rid
+
+    def _pins_out(self, entry: LockEntry, cis=None) -> tuple:
+        return tuple((self.comps[ci].name, tuple(ids)) for ci, ids in sorted(entry.pins.items())
+                     if cis is None or ci in cis)
+
+    def release(self, entry: LockEntry, cis: set[int] | None = None) -> None:
+        """Unpin ``entry``'s nodes (only components ``cis`` if given); drop it when empty."""
+        nodes = self.tree.nodes
+        out = self._pins_out(entry, cis)
+        touched = {}
+        for ci in sorted(entry.pins):
+            if cis is not None and ci not in cis:
+                continue
+            size = self.comps[ci].size
+            for nid in entry.pins[ci]:
+                node = nodes[nid]
+                d = node.data[ci]
+                if entry.tier == DEVICE:
+                    d.lock_ref -= 1
+                    if d.lock_ref == 0 and d.value is not None:
+                        self.protected[ci][0] -= size(d.value)
+                        self.evictable[ci][0] += size(d.value)
+                else:
+                    d.host_ref -= 1
+                    if d.host_ref == 0 and d.host_value is not None:
+                        self.protected[ci][1] -= size(d.host_value)
+                        self.evictable[ci][1] += size(d.host_value)
+                touched[nid] = node
+        for ci in list(entry.pins):
+            if cis is None or ci in cis:
+                del entry.pins[ci]
+        if not entry.pins:
+            del self.locks[entry.receipt_id]
+        for node in touched.values():
+            self.refresh_leaf(node)
+        if self._on:
+            self._m(ev.LOCK_RELEASE, entry.anchor, None, TIERS[entry.tier],
+                    (entry.receipt_id, out))
+
+    # ---- structure -------------------------------------------------------------------------
+    def new_leaf(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:
+        node = self.tree.new_child(parent, key, extra_key)
+        if self._on:
+            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
+        self.refresh_leaf(parent)
+        return node
+
+    def split(self, child: Node, k: int) -> Node:
+        """Split ``child`` after ``k`` tokens; returns the new parent (the child keeps its id)."""
+        new = self.tree.split(child, k)
+        ref_cis = []
+        for comp in self.comps:
+            comp.split(child.data[comp.index], new.data[comp.index], k)
+            if comp.copies_refs_on_split:
+                ref_cis.append(comp.index)
+        new.device_children = 1 if child.data[0].value is not None else 0
+        for entry in self.locks.values():
+            for ci in ref_cis:
+                ids = entry.pins.get(ci)
+                if ids and child.id in ids:
+                    ids.insert(ids.index(child.id) + 1, new.id)
+        for ids in self.transfer_nodes.values():
+            if child.id in ids:
+                ids.insert(ids.index(child.id) + 1, new.id)
+        for comp in self.comps:
+            if comp.uses_lru:
+                self._lru_place(new, comp.index)
+        if self._on:
+            self._m(ev.NODE_SPLIT, child.id, None, None,
+                    (new.id, k, tuple(self.comps[ci].name for ci in ref_cis)))
+            for ci in range(len(self.comps)):
+                self._emit_state(new, ci)
+                self._emit_state(child, ci)
+        return new
+
+    def delete(self, node: Node) -> tuple[dict[int, int], dict[int, int]]:
+        """Free every value of a childless, unpinned node and remove it. Returns the slots
+        freed per component index, (device, host)."""
+        freed: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        for ci in range(len(self.comps)):
+            d = node.data[ci]
+            for tier in (DEVICE, HOST):
+                v = d.value if tier == DEVICE else d.host_value
+                if v is not None:
+                    self.set_value(node, ci, tier, None)
+                    freed[tier][ci] = self.free_slots(ci, tier, v)
+            if self.lru[ci] is not None:
+                self.lru[ci][0].pop(node.id, None)
+                self.lru[ci][1].pop(node.id, None)
+        self.d_leaves.discard(node.id)
+        self.h_leaves.discard(node.id)
+        parent = node.parent
+        self.tree.detach(node)
+        if self._on:
+            self._m(ev.NODE_DELETE, node.id, None, None, None)
+        self.refresh_leaf(parent)
+        return freed
+
+    def touch(self, node: Node) -> None:
+        """Recency: the node and its ancestors get a new access tick and one more hit."""
+        if node.parent is None:
+            return
+        self._tick += 1
+        t = self._tick
+        lrus = [lr for lr in self.lru if lr is not None]
+        cur = node
+        while cur.parent is not None:
+            cur.last_access = t
+            cur.hit_count += 1
+            nid = cur.id
+            if nid in self.d_leaves:
+                heapq.heappush(self._d_heap, (t, nid))
+            elif nid in self.h_leaves:
+                heapq.heappush(self._h_heap, (t, nid))
+            for dev, host in lrus:
+                if nid in dev:
+                    dev.move_to_end(nid)
+                elif nid in host:
+                    host.move_to_end(nid)
+            cur = cur.parent
+        if self._on:
+            self._m(ev.NODE_TOUCH, node.id, None, None, t)
+        if len(self._d_heap) > 4 * len(self.d_leaves) + 1024 or \
+                len(self._h_heap) > 4 * len(self.h_leaves) + 1024:
+            self._compact_heaps()
+
+    def node(self, node_id: int) -> Node:
+        from cache.errors import StaleHandle
+        if isinstance(node_id, bool) or not isinstance(node_id, int):
+            raise TypeError(f"node must be an int node id, got {node_id!r}")
+        n = self.tree.nodes.get(node_id)
+        if n is None:
+            raise StaleHandle(f"node {node_id} is not in the tree (deleted, or never existed)")
+        return n
+
+    @property
+    def root(self) -> Node:
+        return self.tree.root
+
+    def is_root_id(self, node_id: int) -> bool:
+        return node_id == ROOT_ID

@@ -1,0 +1,359 @@
+"""Device <-> host transfers: backup (device -> host) and load-back (host -> device).
+
+A transfer is a frozen ``Transfer`` listing ``PoolCopy`` jobs; the tree's own index tensors are
+cloned into the nodes, so nothing the transfer holds is shared with the tree (seed bug class 4).
+Host values (backup) or device values (load-back) are set when the transfer is created; the
+nodes involved stay pinned (device lock + host ref) until ``poll`` acks the copy.
+
+Under CUDA the copies run on a side stream fenced behind the current stream, through pinned
+staging buffers, and an event marks completion. On CPU a transfer runs when ``poll`` asks for
+it, in the order asked, so tests choose the completion order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+
+from cache import eviction
+from cache import events as ev
+from cache.errors import StaleHandle
+from cache.results import LoadBackResult, PoolCopy, Transfer
+from cache.state import DEVICE, HOST, TIERS, CacheCore
+from cache.tree import Node
+
+
+class TransferEngine:
+    """Runs transfers: a side CUDA stream with events, or deferred CPU copies."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        # transfer id -> (transfer, event or None, started_ns, bytes, staging)
+        self.pending: OrderedDict[int, tuple] = OrderedDict()
+
+    def submit(self, core: CacheCore, t: Transfer) -> None:
+        if not self.cuda:
+            self.pending[t.transfer_id] = (t, None, 0, 0, None)
+            return
+        started = time.time_ns()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        staging = []
+        nbytes = 0
+        with torch.cuda.stream(self.stream):
+            for c in t.copies:
+                src = core.pool(core.ci[c.component], _tier(c.src_tier))
+                dst = core.pool(core.ci[c.component], _tier(c.dst_tier))
+                dim = 2 if src.buf.dim() == 5 else 0
+                nbytes += c.src.numel() * src.bytes_per_slot
+                if c.src_tier == ev.TIER_DEVICE:  # gather on device, land in pinned staging
+                    data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
+                    host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+                    host.copy_(data, non_blocking=True)
+                    staging.append((dst, dim, c.dst, host))
+                else:  # gather on host into pinned memory, scatter on device
+                    data = src.buf.index_select(dim, c.src).pin_memory()
+                    dev = data.to(dst.buf.device, non_blocking=True)
+                    dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), dev)
+                    staging.append((None, dim, None, data))
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        self.pending[t.transfer_id] = (t, event, started, nbytes, staging)
+
+    def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
+        """Finished transfers as (transfer, started_ns, bytes), removed from pending."""
+        order = list(self.pending) if ids is None else ids
+        done = []
+        for tid in order:
+            t, event, started, nbytes, staging = self.pending[tid]
+            if event is None:
+                started = time.time_ns()
+                nbytes = _run_cpu(core, t)
+            else:
+                if not wait and not event.query():
+                    continue
+                event.synchronize()
+                for dst, dim, idx, host in staging:
+                    if dst is not None:
+                        dst.buf.index_copy_(dim, idx, host)
+            del self.pending[tid]
+            done.append((t, started, nbytes))
+        return done
+
+
+def _tier(name: str) -> int:
+    return DEVICE if name == ev.TIER_DEVICE else HOST
+
+
+def _run_cpu(core: CacheCore, t: Transfer) -> int:
+    nbytes = 0
+    for c in t.copies:
+        ci = core.ci[c.component]
+        src, dst = core.pool(ci, _tier(c.src_tier)), core.pool(ci, _tier(c.dst_tier))
+        dim = 2 if src.buf.dim() == 5 else 0
+        dst.buf.index_copy_(dim, c.dst, src.buf.index_select(dim, c.src))
+        nbytes += c.src.numel() * src.bytes_per_slot
+    return nbytes
+
+
+def _register(core: CacheCore, t: Transfer) -> None:
+    core.transfers[t.transfer_id] = t
+    core.transfer_nodes[t.transfer_id] = list(t.node_ids)
+    core._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
+            (t.transfer_id, t.kind, t.node_ids, t.amounts()))
+    core.engine.submit(core, t)
+
+
+def _next_tid(core: CacheCore) -> int:
+    tid = core._next_transfer
+    core._next_transfer += 1
+    return tid
+
+
+# ---- backup ------------------------------------------------------------------------------------
+def backup(core: CacheCore, node: Node) -> int | None:
+    """Start a device -> host copy of ``node`` (and, under write-through, its unbacked ancestors,
+    root-first, so host copies stay prefix-closed). Returns the transfer id or None."""
+    write_through = core.config.write_policy != "write_back"
+    chain: list[tuple[Node, list[int]]] = []
+    cur = node
+    while cur.parent is not None:
+        needs = [ci for ci, d in enumerate(cur.data) if d.value is not None and d.host_value is None]
+        if not needs:
+            break
+        chain.append((cur, needs))
+        if not write_through:
+            break
+        cur = cur.parent
+    if not chain:
+        return None
+    chain.reverse()
+    host: dict[int, torch.Tensor] = {}
+    for comp in core.comps:
+        ci = comp.index
+        amount = sum(comp.size(n.data[ci].value) for n, needs in chain if ci in needs)
+        if not amount:
+            continue
+        got = core.take_slots(ci, HOST, amount)
+        if got is None:
+            eviction.evict_host(core, ci, amount - core.pool(ci, HOST).alloc.available)
+            got = core.take_slots(ci, HOST, amount)
+        if got is None:
+            for cj, idx in host.items():
+                core.free_slots(cj, HOST, idx)
+            return None
+        host[ci] = got
+    copies = []
+    for ci, dst in host.items():
+        size = core.comps[ci].size
+        srcs, off = [], 0
+        for n, needs in chain:
+            if ci not in needs:
+                continue
+            v = n.data[ci].value
+            k = size(v)
+            core.set_value(n, ci, HOST, dst[off:off + k].clone())
+            srcs.append(v)
+            off += k
+        copies.append(PoolCopy(core.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
+                               torch.cat(srcs), dst.clone()))
+    nodes = [n for n, _ in chain]
+    dev_pins = {0: nodes}
+    host_pins: dict[int, list[Node]] = {}
+    for ci in host:
+        with_ci = [n for n, needs in chain if ci in needs]
+        host_pins[ci] = with_ci
+        if ci:
+            dev_pins[ci] = with_ci
+    tid = _next_tid(core)
+    owner = f"transfer:{tid}"
+    r1 = core.acquire(node, DEVICE, dev_pins, owner)
+    r2 = core.acquire(node, HOST, host_pins, owner)
+    t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
+                 core._cur_op, (r1, r2), time.time_ns())
+    _register(core, t)
+    return tid
+
+
+def backup_after_insert(core: CacheCore, node: Node) -> tuple[int, ...]:
+    """Insert-time backups per write policy (none under write_back)."""
+    cfg = core.config
+    if not cfg.has_host or cfg.write_policy == "write_back":
+        return ()
+    if cfg.write_policy == "write_through_selective":
+        while node.parent is not None and node.hit_count < cfg.write_through_threshold:
+            node = node.parent
+        if node.parent is None:
+            return ()
+    tid = backup(core, node)
+    return () if tid is None else (tid,)
+
+
+def backup_sync(core: CacheCore, node: Node) -> bool:
+    """Write-back: back ``node`` up and wait for the copy (used right before demoting it)."""
+    tid = backup(core, node)
+    if tid is None:
+        return False
+    poll(core, [tid], wait=True)
+    return True
+
+
+# ---- load-back -----------------------------------------------------------------------------------
+def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
+    tree = core.tree
+    path = tree.path_to_root(anchor)
+    _validate_anchor(core, anchor, path)
+    si, mi = core.ci.get("swa"), core.ci.get("mamba")
+    plans: dict[int, list[Node]] = {}
+    if si is not None:
+        nodes, cut = core.comps[si].load_plan(path)
+        if cut is not None:
+            core.split(nodes[-1], len(nodes[-1].key) - cut)  # keep only in-window pages
+            path = tree.path_to_root(anchor)
+        plans[si] = nodes
+    for comp in core.comps:
+        if comp.index != si:
+            plans[comp.index] = comp.load_plan(path)[0]
+    amounts = {ci: sum(core.comps[ci].size(n.data[ci].host_value) for n in ns)
+               for ci, ns in plans.items() if ns}
+    want_cow = cow_mamba and mi is not None and anchor.parent is not None
+    thresh = core.config.load_back_threshold
+    if not amounts or (set(amounts) == {0} and amounts[0] < thresh):
+        slot = _cow_now(core, anchor, mi) if want_cow else None
+        return _result(core, anchor, {}, None, slot)
+    pins, _skipped = core.lock_pins(anchor)
+    tmp = core.acquire(anchor, DEVICE, pins, "load_back")
+    try:
+        if want_cow and mi not in amounts and anchor.data[mi].value is None:
+            want_cow = False  # no state to copy on either tier
+        slots = _alloc_all(core, amounts, mi if want_cow else None)
+    finally:
+        core.release(core.locks[tmp])
+    cow_slot = slots.pop(-1, None)
+    copies = []
+    for ci, ns in plans.items():
+        if ci not in slots:
+            continue
+        size = core.comps[ci].size
+        dst, srcs, off = slots[ci], [], 0
+        for n in reversed(ns):  # root-first
+            hv = n.data[ci].host_value
+            k = size(hv)
+            core.set_value(n, ci, DEVICE, dst[off:off + k].clone())
+            srcs.append(hv)
+            off += k
+        copies.append(PoolCopy(core.comps[ci].name, ev.TIER_HOST, ev.TIER_DEVICE,
+                               torch.cat(srcs), dst.clone()))
+    if cow_slot is not None:
+        state = anchor.data[mi]
+        src = state.host_value if mi in slots else state.value
+        copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
+                               ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
+    tid = _next_tid(core)
+    owner = f"transfer:{tid}"
+    dev_pins, _ = core.lock_pins(anchor)
+    r1 = core.acquire(anchor, DEVICE, dev_pins, owner)
+    r2 = core.acquire(anchor, HOST, {ci: ns for ci, ns in plans.items() if ci in slots}, owner)
+    loaded_nodes = sorted({n.id for ns in plans.values() for n in ns})
+    t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), core._cur_op,
+                 (r1, r2), time.time_ns())
+    _register(core, t)
+    return _result(core, anchor, amounts, tid, cow_slot)
+
+
+def _validate_anchor(core: CacheCore, anchor: Node, path: list[Node]) -> None:
+    """The anchor must be accepted on device or host by every component (seed bug class 1)."""
+    if anchor.parent is None:
+        return
+    vals = [c.validator(True) for c in core.comps]
+    ok = [True] * len(vals)
+    for n in reversed(path):
+        ok = [v(n) for v in vals]
+    bad = [core.comps[i].name for i, good in enumerate(ok) if not good]
+    if bad:
+        raise StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
+                          f"{bad}: the match is stale; match again")
+
+
+def _alloc_all(core: CacheCore, amounts: dict[int, int], cow_ci) -> dict[int, torch.Tensor]:
+    """Allocate every component's device slots or raise before evicting anything."""
+    need = dict(amounts)
+    if cow_ci is not None:
+        need[cow_ci] = need.get(cow_ci, 0) + 1
+    for ci, amt in need.items():
+        alloc = core.device_pools[ci].alloc
+        if alloc.available + core.evictable[ci][DEVICE] < amt:
+            raise core.oom(ci, DEVICE, amt, "load-back")
+    out: dict[int, torch.Tensor] = {}
+    try:
+        for ci, amt in need.items():
+            alloc = core.device_pools[ci].alloc
+            if alloc.available < amt:
+                eviction.evict_device(core, ci, amt - alloc.available)
+            got = core.take_slots(ci, DEVICE, amt)
+            if got is None:
+                raise core.oom(ci, DEVICE, amt, "load-back: eviction fell short")
+            out[ci] = got
+    except BaseException:
+        for ci, got in out.items():
+            core.free_slots(ci, DEVICE, got)
+        raise
+    if cow_ci is not None:
+        both = out[cow_ci]
+        out[-1] = both[-1:]
+        if both.numel() > 1:
+            out[cow_ci] = both[:-1]
+        else:
+            del out[cow_ci]
+        core.request_held[cow_ci][DEVICE] += 1
+    return out
+
+
+def _cow_now(core: CacheCore, anchor: Node, mi: int) -> torch.Tensor | None:
+    if anchor.data[mi].value is None:
+        return None
+    return core._cow_mamba(anchor)
+
+
+def _result(core: CacheCore, anchor: Node, amounts: dict[int, int], tid, cow_slot
+            ) -> LoadBackResult:
+    path = core.tree.path_to_root(anchor)[::-1]
+    vals = [n.data[0].value for n in path]
+    if any(v is None for v in vals):
+        idx = torch.empty(0, dtype=torch.int64)
+        k = 0
+        while k < len(vals) and vals[k] is not None:
+            k += 1
+        vals = vals[:k]
+    idx = torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
+    loaded = tuple((c.name, amounts.get(c.index, 0)) for c in core.comps)
+    return LoadBackResult(anchor.id, idx, idx.numel(), loaded, tid, cow_slot)
+
+
+# ---- completion ----------------------------------------------------------------------------------
+def poll(core: CacheCore, ids: list[int] | None, wait: bool) -> list[int]:
+    out = []
+    for t, started, nbytes in core.engine.collect(core, ids, wait):
+        _ack(core, t, started, nbytes)
+        out.append(t.transfer_id)
+    return out
+
+
+def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
+    tok = core._begin()
+    for rid in t.receipts:
+        core.release(core.locks[rid])
+    del core.transfers[t.transfer_id]
+    core.transfer_nodes.pop(t.transfer_id, None)
+    core._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
+    attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
+             ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
+             ev.A_TOKENS: dict(t.amounts()).get("full", 0), ev.A_FREED: dict(t.amounts()),
+             ev.A_NODES: len(t.node_ids)}
+    core.end_transfer(tok, attrs, started or t.created_ns)
+
+
+__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back", "poll",
+           "TIERS"]

@@ -1,0 +1,133 @@
+"""The radix tree's structure: nodes, per-component data slots, child lookup, split, detach.
+
+The tree knows keys and integer ids only; it names no component and touches no memory. State
+rules (what a split does to each component, who may be evicted) live in ``components/``; the
+executor in ``hiradix.py`` applies them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cache.keys import child_key, match_len
+
+ROOT_ID = 0
+
+
+class ComponentData:
+    """One component's state on one node: device value (slot indices), host value, refs."""
+
+    __slots__ = ("value", "host_value", "lock_ref", "host_ref")
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+        self.host_value: torch.Tensor | None = None
+        self.lock_ref = 0
+        self.host_ref = 0
+
+
+class Node:
+    __slots__ = ("id", "parent", "children", "key", "extra_key", "last_access", "hit_count",
+                 "data", "device_children")
+
+    def __init__(self, node_id: int, parent: Node | None, key: tuple[int, ...], extra_key: object,
+                 n_components: int) -> None:
+        self.id = node_id
+        self.parent = parent
+        self.children: dict[object, Node] = {}
+        self.key = key
+        self.extra_key = extra_key
+        self.last_access = 0
+        self.hit_count = 0
+        self.data = [ComponentData() for _ in range(n_components)]
+        # children whose FULL (component 0) has a device value: D-leaf test in O(1)
+        self.device_children = 0
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id}, len={len(self.key)}, children={len(self.children)})"
+
+
+class RadixTree:
+    """Node registry, child filing and the structural edits. Ids are never reused."""
+
+    def __init__(self, page_size: int, n_components: int) -> None:
+        self.page_size = page_size
+        self.n_components = n_components
+        self.root = Node(ROOT_ID, None, (), None, n_components)
+        self.nodes: dict[int, Node] = {ROOT_ID: self.root}
+        self._next_id = ROOT_ID + 1
+
+    def get(self, node_id: int) -> Node:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise KeyError(node_id)
+        return node
+
+    def file_key(self, parent: Node, tokens: tuple[int, ...], offset: int, extra_key: object):
+        ck = child_key(tokens, offset, self.page_size)
+        return (extra_key, ck) if parent.parent is None else ck
+
+    def walk(self, tokens: tuple[int, ...], extra_key: object):
+        """Yield ``(node, matched)`` down the path of ``tokens``: each child visited and how many
+        of its tokens match (a partial match is the last one yielded). No mutation."""
+        node, off, n = self.root, 0, len(tokens)
+        while off < n:
+            child = node.children.get(self.file_key(node, tokens, off, extra_key))
+            if child is None:
+                return
+            k = match_len(tokens, off, child.key, self.page_size)
+            if k == 0:
+                return
+            yield child, k
+            if k < len(child.key):
+                return
+            node, off = child, off + k
+
+    def new_child(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:
+        node = Node(self._next_id, parent, key, extra_key, self.n_components)
+        self._next_id += 1
+        parent.children[self.file_key(parent, key, 0, extra_key)] = node
+        self.nodes[node.id] = node
+        return node
+
+    def split(self, child: Node, k: int) -> Node:
+        """Put a new node holding ``child.key[:k]`` between child and its parent. The child keeps
+        its id; the new node copies recency. Component data is left empty for the caller."""
+        parent = child.parent
+        assert parent is not None and 0 < k < len(child.key)
+        new = Node(self._next_id, parent, child.key[:k], child.extra_key, self.n_components)
+        self._next_id += 1
+        new.last_access = child.last_access
+        new.hit_count = child.hit_count
+        parent.children[self.file_key(parent, child.key, 0, child.extra_key)] = new
+        child.key = child.key[k:]
+        child.parent = new
+        new.children[self.file_key(new, child.key, 0, child.extra_key)] = child
+        self.nodes[new.id] = new
+        return new
+
+    def detach(self, node: Node) -> None:
+        """Remove a childless node from the tree."""
+        assert not node.children and node.parent is not None
+        parent = node.parent
+        del parent.children[self.file_key(parent, node.key, 0, node.extra_key)]
+        del self.nodes[node.id]
+
+    def path_to_root(self, node: Node) -> list[Node]:
+        """``node`` and its ancestors, bottom-up, without the root."""
+        out = []
+        while node.parent is not None:
+            out.append(node)
+            node = node.parent
+        return out
+
+    def prefix_len(self, node: Node) -> int:
+        n = 0
+        while node.parent is not None:
+            n += len(node.key)
+            node = node.parent
+        return n

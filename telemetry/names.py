@@ -1,0 +1,199 @@
+"""Every span, attribute and metric name telemetry emits, in one place.
+
+OpenTelemetry naming rules hold for all of them: lowercase, dot-separated namespaces, snake_case
+parts, low-cardinality span names, and no attribute name that is also a namespace of another.
+Node ids, receipt ids and request ids appear on spans only; metric labels are limited to the
+closed sets listed in ``METRIC_LABELS``. ``docs/telemetry.md`` lists every name here and
+``tests/test_telemetry_names.py`` holds the two equal.
+"""
+
+from __future__ import annotations
+
+from cache import events as ev
+
+INSTRUMENTATION_SCOPE = "radixscope.telemetry"
+DEFAULT_SERVICE_NAME = "radixscope"
+
+# ---- span names: one per public cache operation ----------------------------------------------
+SPAN_PREFIX = "kv_cache."
+SPAN_MATCH = "kv_cache.match"
+SPAN_INSERT = "kv_cache.insert"
+SPAN_LOCK = "kv_cache.lock"
+SPAN_UNLOCK = "kv_cache.unlock"
+SPAN_RELEASE_SWA = "kv_cache.release_swa"
+SPAN_ALLOC = "kv_cache.alloc"
+SPAN_FREE = "kv_cache.free"
+SPAN_EVICT = "kv_cache.evict"
+SPAN_EVICT_HOST = "kv_cache.evict_host"
+SPAN_BACKUP = "kv_cache.backup"
+SPAN_LOAD_BACK = "kv_cache.load_back"
+SPAN_PREFETCH = "kv_cache.prefetch"
+SPAN_POLL = "kv_cache.poll"
+SPAN_CHECK = "kv_cache.check"
+SPAN_TRANSFER = "kv_cache.transfer"  # asynchronous copy, linked to the op that enqueued it
+SPAN_OTHER = "kv_cache.other"  # an op name this version does not know
+
+SPAN_NAMES: dict[str, str] = {
+    ev.OP_MATCH: SPAN_MATCH, ev.OP_INSERT: SPAN_INSERT, ev.OP_LOCK: SPAN_LOCK,
+    ev.OP_UNLOCK: SPAN_UNLOCK, ev.OP_RELEASE_SWA: SPAN_RELEASE_SWA, ev.OP_ALLOC: SPAN_ALLOC,
+    ev.OP_FREE: SPAN_FREE, ev.OP_EVICT: SPAN_EVICT, ev.OP_EVICT_HOST: SPAN_EVICT_HOST,
+    ev.OP_BACKUP: SPAN_BACKUP, ev.OP_LOAD_BACK: SPAN_LOAD_BACK, "prefetch": SPAN_PREFETCH,
+    ev.OP_POLL: SPAN_POLL, ev.OP_CHECK: SPAN_CHECK, ev.OP_TRANSFER: SPAN_TRANSFER,
+}
+
+# ---- attributes present on every cache span --------------------------------------------------
+ATTR_OP_ID = "kv_cache.op.id"
+ATTR_OP_MUTATIONS = "kv_cache.op.mutations"  # mutations the op made
+ATTR_SEQ = "kv_cache.seq"  # journal seq after the op: state_at(seq) is the tree it left
+ATTR_REQUEST_ID = "kv_cache.request.id"
+ATTR_ERROR_TYPE = "error.type"  # OTel semantic convention; set when the op raised
+
+# ---- attributes carried over from an op record's ``attrs`` (events.A_* -> name) --------------
+ATTR_COMPONENT = "kv_cache.component"
+ATTR_TIER = "kv_cache.tier"
+ATTR_NODE_ID = "kv_cache.node.id"
+ATTR_NODE_IDS = "kv_cache.node.ids"
+ATTR_KEY_TOKENS = "kv_cache.key.tokens"
+ATTR_EXTRA_KEY = "kv_cache.key.extra"
+ATTR_TREE_SPLITS = "kv_cache.tree.splits"
+ATTR_MATCH_DEVICE_TOKENS = "kv_cache.match.device_tokens"
+ATTR_MATCH_HOST_TOKENS = "kv_cache.match.host_tokens"
+ATTR_MATCH_SWA_HOST_TOKENS = "kv_cache.match.swa_host_tokens"
+ATTR_MATCH_MAMBA_HOST_STATES = "kv_cache.match.mamba_host_states"
+ATTR_MATCH_BEST_NODE_ID = "kv_cache.match.best_node.id"
+ATTR_INSERT_PREFIX_TOKENS = "kv_cache.insert.prefix_tokens"
+ATTR_INSERT_NEW_TOKENS = "kv_cache.insert.new_tokens"
+ATTR_LOCK_RECEIPT_ID = "kv_cache.lock.receipt_id"
+ATTR_LOCK_OWNER = "kv_cache.lock.owner"
+ATTR_REQUESTED_TOKENS = "kv_cache.requested_tokens"
+ATTR_EVICT_FREED_TOKENS = "kv_cache.evict.freed_tokens"
+ATTR_EVICT_FREED_PREFIX = "kv_cache.evict.freed"  # namespace: kv_cache.evict.freed.<component>
+ATTR_TOKENS = "kv_cache.tokens"
+ATTR_BYTES = "kv_cache.bytes"
+ATTR_TRANSFER_ID = "kv_cache.transfer.id"
+ATTR_TRANSFER_KIND = "kv_cache.transfer.kind"
+ATTR_TRANSFER_ENQUEUED_BY = "kv_cache.transfer.enqueued_by"  # op id of the enqueuing op
+ATTR_TRANSFER_COMPLETED = "kv_cache.transfer.completed"
+ATTR_OTHER_PREFIX = "kv_cache.attr"  # namespace for op attrs this version does not know
+
+# events.A_* key -> span attribute. A dict value (per component) becomes one attribute per
+# component under the mapped name as a namespace (only ``A_FREED`` is documented as one).
+OP_ATTRIBUTES: dict[str, str] = {
+    ev.A_DEVICE_TOKENS: ATTR_MATCH_DEVICE_TOKENS,
+    ev.A_HOST_TOKENS: ATTR_MATCH_HOST_TOKENS,
+    ev.A_SWA_HOST_TOKENS: ATTR_MATCH_SWA_HOST_TOKENS,
+    ev.A_MAMBA_HOST: ATTR_MATCH_MAMBA_HOST_STATES,
+    ev.A_KEY_TOKENS: ATTR_KEY_TOKENS,
+    ev.A_NODE: ATTR_NODE_ID,
+    ev.A_BEST_NODE: ATTR_MATCH_BEST_NODE_ID,
+    ev.A_PREFIX_LEN: ATTR_INSERT_PREFIX_TOKENS,
+    ev.A_NEW_TOKENS: ATTR_INSERT_NEW_TOKENS,
+    ev.A_RECEIPT: ATTR_LOCK_RECEIPT_ID,
+    ev.A_OWNER: ATTR_LOCK_OWNER,
+    ev.A_FREED_TOKENS: ATTR_EVICT_FREED_TOKENS,
+    ev.A_FREED: ATTR_EVICT_FREED_PREFIX,
+    ev.A_REQUESTED: ATTR_REQUESTED_TOKENS,
+    ev.A_NODES: ATTR_NODE_IDS,
+    ev.A_TOKENS: ATTR_TOKENS,
+    ev.A_BYTES: ATTR_BYTES,
+    ev.A_TRANSFER: ATTR_TRANSFER_ID,
+    ev.A_TRANSFER_KIND: ATTR_TRANSFER_KIND,
+    ev.A_ENQUEUED_BY: ATTR_TRANSFER_ENQUEUED_BY,
+    ev.A_COMPLETED: ATTR_TRANSFER_COMPLETED,
+    ev.A_SPLITS: ATTR_TREE_SPLITS,
+    ev.A_EXTRA_KEY: ATTR_EXTRA_KEY,
+    ev.A_COMPONENT: ATTR_COMPONENT,
+}
+DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX})  # mapped names that are namespaces
+
+# ---- link attributes (transfer span -> enqueuing op span) ------------------------------------
+LINK_ATTR_OP_ID = ATTR_OP_ID
+
+# ---- metric label keys (closed, low-cardinality value sets) ----------------------------------
+LABEL_COMPONENT = ATTR_COMPONENT  # full | swa | mamba
+LABEL_TIER = ATTR_TIER  # device | host
+LABEL_OP = "kv_cache.op.name"  # one of events.OPS
+LABEL_TRANSFER_KIND = ATTR_TRANSFER_KIND
+LABEL_RECORD = "kv_cache.telemetry.record"  # op | mutation | span | event
+LABEL_STAGE = "kv_cache.telemetry.stage"  # where a telemetry failure happened
+LABEL_ADMISSION_RESULT = "kv_cache.admission.result"  # admitted | rejected
+
+# ---- metrics ---------------------------------------------------------------------------------
+UNIT_SLOTS = "{slot}"  # tokens for KV pools, states for MAMBA pools
+UNIT_TOKENS = "{token}"
+
+M_POOL_CAPACITY = "kv_cache.pool.capacity"
+M_POOL_AVAILABLE = "kv_cache.pool.available"
+M_POOL_EVICTABLE = "kv_cache.pool.evictable"
+M_POOL_PROTECTED = "kv_cache.pool.protected"
+M_POOL_IN_FLIGHT = "kv_cache.pool.in_flight"
+M_POOL_HELD = "kv_cache.pool.held"
+M_HIT_TOKENS = "kv_cache.hit.tokens"
+M_LOOKUP_TOKENS = "kv_cache.lookup.tokens"
+M_EVICTED_TOKENS = "kv_cache.evicted.tokens"
+M_BACKUP_TOKENS = "kv_cache.backup.tokens"
+M_BACKUP_BYTES = "kv_cache.backup.bytes"
+M_LOAD_BACK_TOKENS = "kv_cache.load_back.tokens"
+M_LOAD_BACK_BYTES = "kv_cache.load_back.bytes"
+M_OP_DURATION = "kv_cache.op.duration"
+M_TRANSFER_DURATION = "kv_cache.transfer.duration"
+M_ADMISSIONS = "kv_cache.admission.decisions"
+M_TELEMETRY_DROPPED = "kv_cache.telemetry.dropped"
+M_TELEMETRY_FAILURES = "kv_cache.telemetry.failures"
+
+POOL_GAUGES = (M_POOL_CAPACITY, M_POOL_AVAILABLE, M_POOL_EVICTABLE, M_POOL_PROTECTED,
+               M_POOL_IN_FLIGHT, M_POOL_HELD)
+
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    **{g: (LABEL_COMPONENT, LABEL_TIER) for g in POOL_GAUGES},
+    M_HIT_TOKENS: (LABEL_COMPONENT, LABEL_TIER),
+    M_LOOKUP_TOKENS: (),
+    M_EVICTED_TOKENS: (LABEL_COMPONENT, LABEL_TIER),
+    M_BACKUP_TOKENS: (LABEL_COMPONENT,),
+    M_BACKUP_BYTES: (),
+    M_LOAD_BACK_TOKENS: (LABEL_COMPONENT,),
+    M_LOAD_BACK_BYTES: (),
+    M_OP_DURATION: (LABEL_OP,),
+    M_TRANSFER_DURATION: (LABEL_TRANSFER_KIND,),
+    M_ADMISSIONS: (LABEL_ADMISSION_RESULT,),
+    M_TELEMETRY_DROPPED: (LABEL_RECORD,),
+    M_TELEMETRY_FAILURES: (LABEL_STAGE,),
+}
+
+# Bucket bounds (seconds) for op and transfer durations: cache ops take microseconds.
+DURATION_BUCKETS_S = (2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                      1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
+
+# ---- store event kinds (``events`` table) ----------------------------------------------------
+EVENT_ADMISSION = "admission"
+
+
+def span_name(op: str) -> str:
+    """The span name of a cache operation.
+
+    Args:
+        op: an op name from ``cache.events`` (``"match"``, ``"transfer"``, ...).
+
+    Returns:
+        ``kv_cache.<op>`` for known ops, else ``kv_cache.other`` (span names stay low-cardinality).
+    """
+    return SPAN_NAMES.get(op, SPAN_OTHER)
+
+
+def all_span_names() -> tuple[str, ...]:
+    """Every span name telemetry can emit (for docs and tests)."""
+    return tuple(sorted(set(SPAN_NAMES.values()) | {SPAN_OTHER}))
+
+
+def all_attribute_names() -> tuple[str, ...]:
+    """Every span attribute name (namespaces of dict attributes listed with a ``.<component>``
+    suffix as documented), for docs and tests."""
+    fixed = {ATTR_OP_ID, ATTR_OP_MUTATIONS, ATTR_SEQ, ATTR_REQUEST_ID, ATTR_ERROR_TYPE, ATTR_TIER}
+    mapped = {n for n in OP_ATTRIBUTES.values() if n not in DICT_ATTRIBUTES}
+    dicts = {f"{n}.<component>" for n in DICT_ATTRIBUTES}
+    return tuple(sorted(fixed | mapped | dicts | {f"{ATTR_OTHER_PREFIX}.<key>"}))
+
+
+def all_metric_names() -> tuple[str, ...]:
+    """Every metric instrument name, for docs and tests."""
+    return tuple(sorted(METRIC_LABELS))

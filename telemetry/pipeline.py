@@ -1,0 +1,154 @@
+"""The drain thread: moves recorded batches from the recorder to a transport, off the hot path.
+
+Every ``interval_s`` (or at once when the recorder's ``wake`` event is set) it takes the pending
+op records and side messages, turns them into compact messages (``telemetry/encode.py``: the
+caller's OTel context becomes parent span ids here), hands them to the transport (the writer
+process, or the sink inline) and copies the batch into the flight-recorder rings. ``flush`` and
+``close`` run the same cycle on the caller's thread under the same lock, so exactly one thread
+sends at a time. Nothing here raises into the cache: a failing cycle is logged and counted, and
+the records it carried are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+from telemetry.encode import compact_ops, span_row
+from telemetry.health import DROP_EVENT, DROP_MUTATION, DROP_OP, DROP_SPAN, Health
+from telemetry.recorder import TelemetryRecorder
+
+
+class Transport(Protocol):
+    """Where drained messages go (``telemetry/transport.py``)."""
+
+    def send(self, messages: list[tuple]) -> None: ...
+
+    def flush(self, timeout_s: float) -> dict: ...
+
+    def close(self, timeout_s: float) -> dict: ...
+
+
+class Pipeline:
+    """Owns the drain thread.
+
+    Args:
+        recorder: the recorder the cache appends to.
+        transport: where messages go.
+        health: host-side counters (shipped to the sinks as ``host_stats``).
+        interval_s: drain period.
+        batch_max: most op records per message batch.
+    """
+
+    def __init__(self, recorder: TelemetryRecorder, transport: Transport, health: Health,
+                 interval_s: float = 0.02, batch_max: int = 4096) -> None:
+        if interval_s <= 0 or batch_max < 1:
+            raise ValueError(f"bad drain settings: interval_s={interval_s!r} "
+                             f"batch_max={batch_max!r}")
+        self.recorder = recorder
+        self.transport = transport
+        self.health = health
+        self.interval_s = interval_s
+        self.batch_max = batch_max
+        self.cycles = 0
+        self.last_stats: dict = {}
+        self._lock = threading.Lock()
+        self._stop = False
+        self._closed = False
+        self._sent_stats: dict = {}
+        self._thread = threading.Thread(target=self._run, name="radixscope-telemetry-drain",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        wake = self.recorder.wake
+        while not self._stop:
+            wake.wait(self.interval_s)
+            wake.clear()
+            if self._stop:
+                break
+            with self._lock:
+                if not self._closed:
+                    self._drain()
+
+    def _drain(self) -> int:
+        """Ship everything pending. Caller holds ``self._lock``. Returns op records shipped."""
+        shipped = 0
+        rec = self.recorder
+        while True:
+            side = rec.take_side(self.batch_max)
+            batch = rec.take(self.batch_max)
+            if not side and not batch:
+                break
+            self._ship(side, batch)
+            shipped += len(batch)
+        stats = self.health.snapshot()
+        if stats != self._sent_stats:
+            self._sent_stats = stats
+            with self.health.guard("drain.stats"):
+                self.transport.send([("host_stats", stats)])
+        self.cycles += 1
+        return shipped
+
+    def _ship(self, side: list[tuple], batch: list) -> None:
+        msgs: list[tuple] = []
+        spans: list = []
+        try:
+            for m in side:
+                if m[0] == "span":
+                    spans.append(span_row(m[1]))
+                elif m[0] == "attach":
+                    msgs.append(("attach", m[1], m[2].to_dict()))
+                else:
+                    msgs.append(m)
+            if spans:
+                msgs.append(("spans", spans))
+            if batch:
+                ops, muts = compact_ops(batch)
+                msgs.append(("ops", ops, muts))
+                self.recorder.last_seq = max(self.recorder.last_seq, ops[-1].seq_last)
+            self.transport.send(msgs)
+        except Exception as e:  # noqa: BLE001 - guard point: count what is lost
+            self.health.fail("drain", e, f"{len(batch)} ops, {len(side)} side messages")
+            self.health.drop(DROP_OP, len(batch))
+            self.health.drop(DROP_MUTATION, sum(len(ms) for _op, ms in batch))
+            self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span"))
+            self.health.drop(DROP_EVENT, sum(1 for m in side if m[0] in ("event", "violation")))
+        with self.health.guard("drain.remember"):
+            self.recorder.remember(batch)
+
+    def flush(self, timeout_s: float = 30.0) -> dict:
+        """Ship everything recorded so far and wait until the sinks have committed it.
+
+        Args:
+            timeout_s: longest wait for the sinks' acknowledgement.
+
+        Returns:
+            Merged telemetry stats (dropped / failures / notes) as the sinks see them.
+        """
+        with self._lock:
+            if self._closed:
+                return self.last_stats
+            self._drain()
+            with self.health.guard("flush"):
+                self.last_stats = self.transport.flush(timeout_s)
+            return self.last_stats
+
+    def close(self, timeout_s: float = 30.0) -> dict:
+        """Stop the drain thread, ship the rest, close the transport. Idempotent."""
+        self._stop = True
+        self.recorder.closed = True
+        self.recorder.queue_capacity = 0  # later records are dropped and counted
+        self.recorder.wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=timeout_s)
+        with self._lock:
+            if self._closed:
+                return self.last_stats
+            deadline = time.monotonic() + timeout_s
+            self._drain()
+            self._closed = True
+            with self.health.guard("close"):
+                self.last_stats = self.transport.close(max(0.1, deadline - time.monotonic()))
+            return self.last_stats

@@ -1,0 +1,188 @@
+"""The sinks, composed: spans, metrics and the store, all fed from one message stream.
+
+``Sink.handle`` takes a batch of messages (see ``telemetry/encode.py``), builds a span per op,
+updates the metrics, replays the mutations into its ``Journal``, writes everything to the store
+and commits once, adding a keyframe every ``keyframe_every`` mutations and a metric sample every
+``sample_every_ms`` of cache time. The same class runs in the writer process (process mode) or on
+the drain thread (inline mode). Each step is guarded: a failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterable
+
+from opentelemetry import metrics, trace
+
+from cache.snapshot import CacheSnapshot
+from telemetry.encode import CompactOp, SpanRow, span_row
+from telemetry.health import Health, merge_stats
+from telemetry.journal import Journal
+from telemetry.metrics import CacheMetrics
+from telemetry.names import EVENT_ADMISSION
+from telemetry.spans import SpanBuilder
+from telemetry.store_writer import StoreWriter
+
+_NO_IDS = (None, None, None)
+
+
+class Sink:
+    """Consumes telemetry messages.
+
+    Args:
+        health: this side's counters.
+        store: the store writer, or None (no store).
+        tracer_provider: provider cache spans are built on, or None (no spans).
+        meter_provider: provider of the instruments, or None (no metrics).
+        keyframe_every: mutations between keyframes.
+        sample_every_ms: cache time between metric samples in the store.
+        flush_hook: called by ``flush`` (e.g. force-flushing the providers).
+    """
+
+    def __init__(self, health: Health, store: StoreWriter | None,
+                 tracer_provider: trace.TracerProvider | None,
+                 meter_provider: metrics.MeterProvider | None, keyframe_every: int = 5000,
+                 sample_every_ms: float = 100.0,
+                 flush_hook: Callable[[], None] | None = None) -> None:
+        if keyframe_every < 1:
+            raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
+        self.health = health
+        self.store = store
+        self.spans = SpanBuilder(tracer_provider) if tracer_provider is not None else None
+        self.metrics = (CacheMetrics(meter_provider, self.stats)
+                        if meter_provider is not None else None)
+        self.journal: Journal | None = None
+        self.keyframe_every = keyframe_every
+        self.sample_every_ns = int(sample_every_ms * 1e6)
+        self.host_stats: dict = {}
+        self._flush_hook = flush_hook
+        self._span_q: collections.deque = collections.deque()
+        self._kf_at = 0
+        self._sample_ns = 0
+        self._last_end_ns = 0
+        self.ops_seen = 0
+
+    def put_span(self, span: object) -> None:
+        """Queue a finished SDK span for the store (thread-safe; the span processor's hook)."""
+        self._span_q.append(span)
+
+    def stats(self) -> dict:
+        """Host-side and sink-side health merged."""
+        return merge_stats(self.host_stats, self.health.snapshot())
+
+    # ---- message handling ------------------------------------------------------------------
+    def handle(self, messages: Iterable[tuple]) -> None:
+        """Process a batch of messages and commit the store once."""
+        for msg in messages:
+            kind = msg[0]
+            with self.health.guard(f"sink.{kind}"):
+                if kind == "ops":
+                    self._ops(msg[1], msg[2])
+                elif kind == "spans":
+                    if self.store is not None:
+                        self.store.write_spans(msg[1])
+                elif kind == "attach":
+                    self._attach(msg[1], msg[2])
+                elif kind == "event":
+                    self._event(*msg[1:])
+                elif kind == "violation":
+                    if self.store is not None:
+                        self.store.write_violation(*msg[1:])
+                elif kind == "host_stats":
+                    self.host_stats = msg[1]
+                else:
+                    raise ValueError(f"unknown telemetry message kind {kind!r}")
+        self._drain_spans()
+        if self.store is not None:
+            with self.health.guard("store.commit"):
+                self.store.commit()
+
+    def _attach(self, info: dict, snapshot: dict) -> None:
+        snap = CacheSnapshot.from_dict(snapshot)
+        self.journal = Journal(snap, self.health)
+        if self.metrics is not None:
+            self.metrics.journal = self.journal
+        self._kf_at = 0
+        if self.store is not None:
+            self.store.set_info("cache", info)
+            self.store.write_keyframe(snap.seq, snapshot)
+            self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
+
+    def _ops(self, ops: list[CompactOp], muts: list[tuple]) -> None:
+        j = self.journal
+        accepted = j.accept(muts) if j is not None else sorted(muts, key=lambda m: m[0])
+        self.ops_seen += len(ops)
+        if ops:
+            self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
+        ids = [self._span(op) for op in ops] if self.spans is not None else [_NO_IDS] * len(ops)
+        if self.metrics is not None:
+            with self.health.guard("metrics"):
+                self.metrics.observe_ops(ops)
+                self.metrics.observe_mutations(accepted)
+        if self.store is None:
+            return
+        self.store.write_ops(ops, ids)
+        self.store.write_mutations(accepted)
+        if j is None:
+            return
+        if j.applied - self._kf_at >= self.keyframe_every:
+            with self.health.guard("keyframe"):
+                self._kf_at = j.applied
+                self.store.write_keyframe(j.seq, j.snapshot().to_dict())
+        if self._last_end_ns - self._sample_ns >= self.sample_every_ns:
+            self._sample_ns = self._last_end_ns
+            self.store.write_metrics(j.seq, self._last_end_ns, j.pools())
+
+    def _span(self, op: CompactOp) -> tuple[str | None, str | None, str | None]:
+        try:
+            return self.spans.build(op)
+        except Exception as e:  # noqa: BLE001 - guard point: log + count, keep the op row
+            self.health.fail("span_build", e, f"op {op.op_id} ({op.op})")
+            return _NO_IDS
+
+    def _event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
+        if kind == EVENT_ADMISSION and self.metrics is not None:
+            self.metrics.observe_admission(bool(attrs.get("admitted")))
+        if self.store is not None:
+            self.store.write_event(ts_ns, seq, kind, attrs)
+
+    def _drain_spans(self) -> None:
+        q = self._span_q
+        if not q:
+            return
+        rows: list[SpanRow] = []
+        while q:
+            span = q.popleft()
+            with self.health.guard("span_row"):
+                rows.append(span_row(span))
+        if self.store is not None and rows:
+            with self.health.guard("store.spans"):
+                self.store.write_spans(rows)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def flush(self) -> dict:
+        """Flush providers, write final samples and stats, commit. Returns merged stats."""
+        if self._flush_hook is not None:
+            with self.health.guard("flush_hook"):
+                self._flush_hook()
+        self._drain_spans()
+        if self.store is not None:
+            with self.health.guard("store.flush"):
+                j = self.journal
+                if j is not None:
+                    self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
+                                             j.pools())
+                    self.store.set_info("gaps", j.gaps)
+                    self.store.set_info("last_seq", j.seq)
+                self.store.set_info("stats", self.stats())
+                self.store.commit()
+        return self.stats()
+
+    def close(self) -> dict:
+        """Final flush, then close the store. Returns the final merged stats."""
+        stats = self.flush()
+        if self.store is not None:
+            with self.health.guard("store.close"):
+                self.store.close()
+        return stats
