@@ -25,7 +25,8 @@ Mutation tuple layout (also ``Mutation`` below): ``(seq, op_id, kind, node, comp
 | ``comp.state``   | id          | comp / -        | ``(device_len, host_len, lock_ref, host_ref)``;         |
 |                  |             |                 | a length is ``None`` when that tier holds no value      |
 | ``lock.acquire`` | anchor id   | - / tier        | ``(receipt_id, owner, ((comp, (node ids)), ...))``      |
-| ``lock.release`` | anchor id   | - / tier        | ``(receipt_id, ((comp, (node ids)), ...))``             |
+| ``lock.release`` | anchor id   | - / tier        | ``(receipt_id, ((comp, (node ids)), ...), final)``;     |
+|                  |             |                 | ``final`` retires the lock (False: partial SWA release) |
 | ``pool.available``| -          | comp / tier     | free slots (tokens; states for mamba) after the change  |
 | ``transfer.start``| anchor id  | - / dest tier   | ``(transfer_id, kind, node_ids, tokens)``               |
 | ``transfer.done`` | anchor id  | - / dest tier   | ``(transfer_id, ok)``                                   |

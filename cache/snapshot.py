@@ -207,7 +207,7 @@ class SnapshotBuilder:
                     nodes[nid][5][ci][slot] += 1
             self.locks[rid] = [owner, node, tier, {c: list(ids) for c, ids in pins}]
         elif kind == ev.LOCK_RELEASE:
-            rid, pins = value
+            rid, pins, final = value
             slot = 2 if tier == ev.TIER_DEVICE else 3
             held = self.locks[rid][3]
             for c, ids in pins:
@@ -219,7 +219,7 @@ class SnapshotBuilder:
                     rest.remove(nid)
                 if not rest:
                     held.pop(c, None)
-            if not held:
+            if final:
                 del self.locks[rid]
         elif kind == ev.NODE_CREATE:
             parent, extra_key, tokens = value

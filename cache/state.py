@@ -318,7 +318,8 @@ class CacheCore:
                      if cis is None or ci in cis)
 
     def release(self, entry: LockEntry, cis: set[int] | None = None) -> None:
-        """Unpin ``entry``'s nodes (only components ``cis`` if given); drop it when empty."""
+        """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that
+        keeps the lock live), otherwise all of them, retiring the lock."""
         nodes = self.tree.nodes
         out = self._pins_out(entry, cis)
         touched = {}
@@ -343,13 +344,14 @@ class CacheCore:
         for ci in list(entry.pins):
             if cis is None or ci in cis:
                 del entry.pins[ci]
-        if not entry.pins:
+        final = cis is None
+        if final:
             del self.locks[entry.receipt_id]
         for node in touched.values():
             self.refresh_leaf(node)
         if self._on:
             self._m(ev.LOCK_RELEASE, entry.anchor, None, TIERS[entry.tier],
-                    (entry.receipt_id, out))
+                    (entry.receipt_id, out, final))
 
     # ---- structure -------------------------------------------------------------------------
     def new_leaf(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:

@@ -1,0 +1,167 @@
+"""Random operation sequences with ``check()`` after every step, content verified after every
+load-back, and the journal replayed onto the first snapshot equal to the live snapshot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cache import CacheOutOfMemory, HiRadixCache
+from cache.events import FlightRecorder
+from cache.snapshot import replay
+from tests.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+
+KEYS = st.lists(st.integers(0, 3), min_size=0, max_size=12)
+POLICIES = ["write_through", "write_through_selective", "write_back"]
+
+
+def machine_for(components, page_size: int, policy: str):
+    class CacheMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            cfg = make_config(components, page_size=page_size, device_tokens=24 * page_size,
+                              host_tokens=32 * page_size, write_policy=policy,
+                              sliding_window=3 * page_size - 1, swa_device_tokens=20 * page_size,
+                              swa_host_tokens=28 * page_size, mamba_slots=8, mamba_host_slots=10,
+                              mamba_max_states_per_path=3)
+            self.rec = FlightRecorder(capacity=1 << 16)
+            self.c = HiRadixCache(cfg, recorder=self.rec)
+            self.d = Driver(self.c)
+            self.start = self.rec.initial_snapshot
+            self.page = page_size
+            self.receipts = []
+            self.held: list[tuple[str, torch.Tensor]] = []
+            self.snaps = []
+
+        def k(self, key):
+            """Page-aligned keys with shared structure: each drawn token fills one page."""
+            return [t for t in key for _ in range(self.page)]
+
+        @rule(key=KEYS)
+        def insert(self, key):
+            try:
+                self.d.insert(self.k(key), req_id="r")
+            except CacheOutOfMemory:
+                pass
+
+        @rule(key=KEYS, comp=st.sampled_from(components), data=st.data())
+        def evict_then_load_back(self, key, comp, data):
+            """Insert, back up, evict everything evictable of one component, load back."""
+            key = self.k(key)
+            try:
+                self.d.insert(key, req_id="r")
+            except CacheOutOfMemory:
+                return
+            self._poll_all(data)
+            self.c.evict(10**6, component=comp)
+            self.load_back(key, data.draw(st.booleans()), data, expanded=True)
+
+        @rule(key=KEYS)
+        def match(self, key):
+            self.c.match_prefix(self.k(key))
+
+        @rule(key=KEYS, best=st.booleans())
+        def lock(self, key, best):
+            m = self.c.match_prefix(self.k(key))
+            self.receipts.append(self.c.lock(m.best_match_node if best else m.last_device_node,
+                                             owner="req"))
+
+        @precondition(lambda self: self.receipts)
+        @rule(data=st.data())
+        def unlock(self, data):
+            r = self.receipts.pop(data.draw(st.integers(0, len(self.receipts) - 1)))
+            self.c.unlock(r)
+
+        @precondition(lambda self: self.receipts and "swa" in self.c.ci)
+        @rule(data=st.data())
+        def release_swa(self, data):
+            i = data.draw(st.integers(0, len(self.receipts) - 1))
+            if not self.receipts[i].swa_released:
+                self.receipts[i] = self.c.release_swa(self.receipts[i])
+
+        @rule(n=st.integers(0, 10), comp=st.sampled_from(components))
+        def alloc(self, n, comp):
+            try:
+                self.held.append((comp, self.c.alloc(n if comp != "mamba" else min(n, 1),
+                                                     component=comp)))
+            except CacheOutOfMemory:
+                pass
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data())
+        def free(self, data):
+            comp, idx = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+            self.c.free(idx, component=comp)
+
+        @rule(n=st.integers(0, 12), comp=st.sampled_from(components))
+        def evict(self, n, comp):
+            self.c.evict(n * page_size, component=comp)
+
+        @rule(n=st.integers(0, 12), comp=st.sampled_from(components))
+        def evict_host(self, n, comp):
+            self.c.evict_host(n * page_size, component=comp)
+
+        @rule(key=KEYS)
+        def backup(self, key):
+            m = self.c.match_prefix(self.k(key))
+            if m.last_device_node:
+                self.c.backup(m.last_device_node)
+
+        @rule(key=KEYS, cow=st.booleans(), data=st.data())
+        def load_back(self, key, cow, data, expanded=False):
+            key = key if expanded else self.k(key)
+            m = self.c.match_prefix(key)
+            if not m.needs_load_back:
+                return
+            try:
+                lb = self.c.load_back(m, cow_mamba=cow)
+            except CacheOutOfMemory:
+                return
+            self._poll_all(data)
+            n = self.d.verify_device_prefix(list(key), lb.anchor)
+            assert n == self.c.node_prefix_len(lb.anchor)
+            if lb.mamba_slot is not None:
+                self.held.append(("mamba", lb.mamba_slot))
+
+        def _poll_all(self, data):
+            ids = list(self.c.transfers)
+            order = data.draw(st.permutations(ids)) if ids else []
+            self.c.poll(order)
+
+        @rule(data=st.data())
+        def poll_some(self, data):
+            ids = list(self.c.transfers)
+            if ids:
+                subset = data.draw(st.lists(st.sampled_from(ids), unique=True))
+                self.c.poll(subset)
+
+        @rule()
+        def remember_snapshot(self):
+            self.snaps.append(self.c.snapshot())
+
+        @invariant()
+        def invariants_hold(self):
+            self.c.check()
+
+        def teardown(self):
+            _, muts = self.rec.tail()
+            assert replay(self.start, muts) == self.c.snapshot()
+            for snap in self.snaps:
+                assert replay(self.start, muts, upto_seq=snap.seq) == snap
+
+    CacheMachine.__name__ = f"Machine_{'_'.join(components)}_p{page_size}_{policy}"
+    return CacheMachine
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_random_operation_sequences(components, page_size, policy):
+    machine = machine_for(components, page_size, policy)
+    machine.TestCase.settings = settings(
+        max_examples=10, stateful_step_count=40, deadline=None, derandomize=True,
+        suppress_health_check=list(HealthCheck))
+    machine.TestCase().runTest()
