@@ -413,14 +413,17 @@ class CacheCore:
         return freed
 
     def touch(self, node: Node) -> None:
-        """Recency: the node and its ancestors get a new access tick and one more hit."""
+        """Recency: the node and its ancestors get a new access tick and one more hit; each
+        auxiliary component refreshes its own span of the path (SWA: the window; MAMBA: the
+        end node)."""
         if node.parent is None:
             return
         self._tick += 1
         t = self._tick
-        lrus = [lr for lr in self.lru if lr is not None]
+        path = []
         cur = node
         while cur.parent is not None:
+            path.append(cur)
             cur.last_access = t
             cur.hit_count += 1
             nid = cur.id
@@ -428,12 +431,16 @@ class CacheCore:
                 heapq.heappush(self._d_heap, (t, nid))
             elif nid in self.h_leaves:
                 heapq.heappush(self._h_heap, (t, nid))
-            for dev, host in lrus:
-                if nid in dev:
-                    dev.move_to_end(nid)
-                elif nid in host:
-                    host.move_to_end(nid)
             cur = cur.parent
+        for comp in self.comps:
+            if not comp.uses_lru:
+                continue
+            dev, host = self.lru[comp.index]
+            for x in reversed(path[:comp.recency_span(path)]):  # deepest ends up most recent
+                if x.id in dev:
+                    dev.move_to_end(x.id)
+                elif x.id in host:
+                    host.move_to_end(x.id)
         if self._on:
             self._m(ev.NODE_TOUCH, node.id, None, None, t)
         if len(self._d_heap) > 4 * len(self.d_leaves) + 1024 or \

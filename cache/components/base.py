@@ -48,6 +48,12 @@ class Component:
         """A stateful predicate fed the matched path top-down: is this node a valid match end?"""
         raise NotImplementedError
 
+    # ---- recency phase -------------------------------------------------------------------
+    def recency_span(self, path: list[Node]) -> int:
+        """How many nodes of a touched path (bottom-up) this component's recency list
+        refreshes. Default: the whole path."""
+        return len(path)
+
     # ---- lock phase ------------------------------------------------------------------------
     def lock_pins(self, path: list[Node]) -> list[Node]:
         """Nodes a device lock pins, given the path bottom-up from the effective anchor."""

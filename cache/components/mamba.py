@@ -33,6 +33,9 @@ class MambaComponent(Component):
     def lock_pins(self, path: list[Node]) -> list[Node]:
         return path[:1]
 
+    def recency_span(self, path: list[Node]) -> int:
+        return min(1, len(path))  # only the state at the match end matters
+
     def load_plan(self, path: list[Node]) -> tuple[list[Node], int | None]:
         if not path:
             return [], None

@@ -34,11 +34,16 @@ class SwaComponent(Component):
             return False
         return valid
 
-    def lock_pins(self, path: list[Node]) -> list[Node]:
+    def recency_span(self, path: list[Node]) -> int:
+        """Only the live window (plus one page) is refreshed, so SWA data further up goes cold
+        and is tombstoned first."""
+        return len(self.lock_pins(path, self.window + self.page_size))
+
+    def lock_pins(self, path: list[Node], window: int | None = None) -> list[Node]:
         """One window upward from the anchor, tombstones included in the count."""
-        out, covered = [], 0
+        out, covered, w = [], 0, self.window if window is None else window
         for node in path:
-            if covered >= self.window:
+            if covered >= w:
                 break
             out.append(node)
             covered += len(node.key)

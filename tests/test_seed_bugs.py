@@ -1,0 +1,125 @@
+"""One regression test per seed bug class from DESIGN.md ("Known bug classes")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cache import CacheOutOfMemory, HiRadixCache, StaleHandle
+from cache.results import Transfer
+from tests.cachekit import Driver, make_config, parents, states
+
+K = list(range(1, 17))
+
+
+def test_seed_bug_1_load_back_anchors_on_best_match_node():
+    """A host-only SWA tombstone lies between last_host_node and the match end: node 2 holds
+    FULL on host but no SWA on either tier. The buggy behaviour anchors the L2 load-back on the
+    deepest FULL-host node (node 2); that trips the assertion on ``m.best_match_node == 1`` and
+    ``lb.anchor == 1``, and loading node 2 would leave a device node whose SWA window can never
+    validate. A load-back asked to anchor there is refused (StaleHandle)."""
+    c = HiRadixCache(make_config(("full", "swa"), device_tokens=32, host_tokens=64,
+                                 sliding_window=4, swa_device_tokens=32))
+    d = Driver(c)
+    d.insert(K[:12])  # node 1, with SWA for every token
+    full = c.alloc(4)
+    c.insert(K[:16], torch.cat([c.path_indices(1), full]),
+             swa_indices=torch.full((16,), -1, dtype=torch.int64), prev_prefix_len=12,
+             swa_evicted_len=16)  # node 2: the caller had no live SWA there
+    c.poll()
+    c.evict(100)
+    assert states(c, "full") == {1: "host", 2: "host"}
+    assert states(c, "swa") == {1: "host", 2: "tombstone"}
+    m = c.match_prefix(K[:16])
+    assert m.matched_len == 16  # FULL alone would reach the end
+    assert (m.best_match_node, m.last_host_node) == (1, 1)
+    assert (m.host_hit_length, m.swa_host_hit_length) == (12, 4)
+    with pytest.raises(StaleHandle, match="not accepted by component"):
+        c.load_back(dataclasses.replace(m, best_match_node=2))
+    lb = c.load_back(m)
+    assert lb.anchor == 1 and lb.loaded == (("full", 12), ("swa", 4))
+    c.poll()
+    assert states(c, "full")[2] == "host"
+    assert c.match_prefix(K[:16]).device_prefix_len == 12
+    d.verify_device_prefix(K[:12], 1)
+    c.check()
+
+
+@pytest.mark.parametrize("hold", ["nothing", "lock", "host_ref"])
+def test_seed_bug_2_tombstone_deletion_stops_at_referenced_parent(hold):
+    """Deleting an unbacked leaf removes childless tombstone ancestors (here node 2 has no
+    MAMBA state, so it can never be a match end) - but never one that a lock or an in-flight
+    transfer still references. The buggy behaviour deletes node 2 anyway; that trips the
+    ``deleted`` assertion, and ``check()`` then reports the lock table / transfer pinning a
+    deleted node (``lock.dead_pin``)."""
+    c = HiRadixCache(make_config(("full", "mamba"), device_tokens=32, host_tokens=64,
+                                 write_policy="write_through_selective",
+                                 write_through_threshold=100))
+    d = Driver(c)
+    d.insert(K[:8])
+    d.insert(K[:4] + [90, 91, 92, 93])
+    assert parents(c) == {1: 2, 2: 0, 3: 2} and states(c, "mamba")[2] == "tombstone"
+    receipt = None
+    if hold == "lock":
+        receipt = c.lock(2, owner="req-9")
+    elif hold == "host_ref":
+        assert c.backup(2) == 1  # in flight: node 2 is host-referenced until acked
+    r = c.evict(8)
+    if hold == "nothing":
+        assert r.deleted == (1, 3, 2) and parents(c) == {}
+    else:
+        assert r.deleted == (1, 3) and parents(c) == {2: 0}
+    c.check()
+    if receipt is not None:
+        c.unlock(receipt)
+    c.poll()
+    c.check()
+
+
+def test_seed_bug_3_admission_counts_swa_load_back_pages():
+    """The request's SWA window (4 tokens) is host-only, so load-back allocates 4 SWA device
+    slots before prefill allocates its chunk. An admission that forgets them passes (6 <= 8)
+    and the prefill then runs out of memory right after admission; ours refuses. The buggy
+    behaviour trips ``assert not adm.fits`` and the final allocation raises."""
+    c = HiRadixCache(make_config(("full", "swa"), device_tokens=64, host_tokens=64,
+                                 sliding_window=4, swa_device_tokens=8, swa_host_tokens=64))
+    d = Driver(c)
+    d.insert(K[:8])
+    c.poll()
+    c.evict(100)
+    m = c.match_prefix(K[:8] + [70] * 6)
+    assert (m.host_hit_length, m.swa_host_hit_length) == (8, 4)
+    adm = c.admission(m, extend_len=6)
+    swa = adm.component("swa")
+    assert (swa.load_back, swa.prefill, swa.headroom) == (4, 6, 8)
+    assert not adm.fits and "swa: needs 10 tokens" in adm.reason
+    assert swa.prefill <= swa.headroom  # what a budget without the load-back pages sees
+    lb = c.load_back(m)
+    c.poll()
+    receipt = c.lock(lb.anchor, owner="req-3")  # the request pins its prefix, then prefills
+    with pytest.raises(CacheOutOfMemory, match="requested 6, available 4"):
+        c.alloc(6, component="swa")
+    c.unlock(receipt)
+    c.check()
+
+
+def test_seed_bug_4_transfers_are_frozen_and_share_no_tensors_with_the_tree():
+    """A transfer moved to another device must be a new object; the tree's indices must never
+    be the transfer's tensors. Mutating a transfer in place raises; its tensors are not the
+    node values."""
+    c = HiRadixCache(make_config(("full",), device_tokens=16, host_tokens=32))
+    d = Driver(c)
+    r = d.insert([1, 2, 3, 4])
+    t = c.transfers[r.backups[0]]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.copies = ()
+    node = c.node(r.last_node)
+    copy = t.copies[0]
+    assert copy.dst.data_ptr() != node.data[0].host_value.data_ptr()
+    assert copy.src.data_ptr() != node.data[0].value.data_ptr()
+    moved = dataclasses.replace(t, copies=(dataclasses.replace(copy, dst=copy.dst + 0),))
+    assert isinstance(moved, Transfer) and moved is not t and c.transfers[t.transfer_id] is t
+    c.poll()
+    c.check()
