@@ -221,16 +221,8 @@ class HiRadixCache(CacheCore):
         return t
 
     def _check_live(self, t: torch.Tensor, ci: int, name: str) -> None:
-        if t.numel() == 0:
-            return
-        alloc = self.device_pools[ci].alloc
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0 or hi >= alloc.capacity:
-            raise ValueError(f"{name}: slot index out of range [0, {alloc.capacity}): {lo}..{hi}")
-        used = alloc._used[t // alloc.page_size]
-        if not bool(used.all()):
-            bad = t[~used][:8].tolist()
-            raise ValueError(f"{name}: slots {bad} are not allocated (freed or never allocated)")
+        if t.numel():
+            self.device_pools[ci].alloc.check_live(t, name)
 
     def _insert(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
         tree, page = self.tree, self.page_size

@@ -164,9 +164,9 @@ def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> N
         pages = idx // alloc.page_size
         if idx.numel() and torch.unique(idx).numel() != idx.numel():
             v.append((f"{comp.name}.{tn}.slot_shared", None, "a slot is owned by two tree values"))
-        if idx.numel() and not bool(alloc._used[pages].all()):
-            v.append((f"{comp.name}.{tn}.slot_freed", None,
-                      f"tree holds freed slots {idx[~alloc._used[pages]][:8].tolist()}"))
+        freed = [q * alloc.page_size for q in pages.tolist() if not alloc.is_used(q)]
+        if freed:
+            v.append((f"{comp.name}.{tn}.slot_freed", None, f"tree holds freed slots {freed[:8]}"))
 
 
 def live_snapshot(core) -> CacheSnapshot:

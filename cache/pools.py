@@ -12,7 +12,11 @@ import torch
 
 
 class SlotAllocator:
-    """Free-page stack plus a used-page bitmap. All checks are vectorised.
+    """Free-page stack plus a used-page bitmap.
+
+    Page ids live in a Python list and the bitmap in a ``bytearray``: per call the cost is a
+    few list operations per page, far below the fixed overhead of small torch ops. Indices
+    cross the boundary as int64 tensors.
 
     Args:
         name: pool name used in errors (``full/device``...).
@@ -27,77 +31,99 @@ class SlotAllocator:
         self.page_size = page_size
         self.capacity = slots
         self.num_pages = slots // page_size
-        self._free = torch.arange(self.num_pages - 1, -1, -1, dtype=torch.int64)  # stack
-        self._top = self.num_pages
-        self._used = torch.zeros(self.num_pages, dtype=torch.bool)
+        self._free = list(range(self.num_pages - 1, -1, -1))  # a stack: page 0 comes first
+        self._used = bytearray(self.num_pages)
         self._offsets = torch.arange(page_size, dtype=torch.int64)
 
     @property
     def available(self) -> int:
         """Free slots."""
-        return self._top * self.page_size
+        return len(self._free) * self.page_size
+
+    def used_slots(self) -> int:
+        return (self.num_pages - len(self._free)) * self.page_size
+
+    def is_used(self, page: int) -> bool:
+        return bool(self._used[page])
 
     def alloc(self, num_slots: int) -> torch.Tensor | None:
         """Slot indices for ``num_slots`` rounded up to whole pages, or None if short."""
-        pages = -(-num_slots // self.page_size)
-        if pages > self._top:
+        k = -(-num_slots // self.page_size)
+        free = self._free
+        if k > len(free):
             return None
-        if pages == 0:
+        if k == 0:
             return torch.empty(0, dtype=torch.int64)
-        picked = self._free[self._top - pages:self._top].flip(0)
-        if bool(self._used[picked].any()):
-            raise RuntimeError(f"{self.name}: double alloc of pages "
-                               f"{picked[self._used[picked]].tolist()} (allocator corrupted)")
-        self._top -= pages
-        self._used[picked] = True
+        picked = free[-k:]
+        picked.reverse()
+        used = self._used
+        for p in picked:
+            if used[p]:
+                raise RuntimeError(f"{self.name}: double alloc of page {p} (allocator corrupted)")
+            used[p] = 1
+        del free[-k:]
+        pages = torch.tensor(picked, dtype=torch.int64)
         if self.page_size == 1:
-            return picked.clone()
-        return (picked[:, None] * self.page_size + self._offsets).reshape(-1)
+            return pages
+        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
 
-    def pages_of(self, indices: torch.Tensor) -> torch.Tensor:
+    def pages_of(self, indices: torch.Tensor) -> list[int]:
         """Page ids of whole-page ``indices``; raises ValueError if they are not whole pages."""
-        if indices.dim() != 1 or indices.dtype != torch.int64:
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
+                or indices.dtype != torch.int64:
             raise TypeError(f"{self.name}: indices must be a 1-D int64 tensor, got "
-                            f"{indices.dtype} shape {tuple(indices.shape)}")
-        n = indices.numel()
-        if n and (int(indices.min()) < 0 or int(indices.max()) >= self.capacity):
-            raise ValueError(f"{self.name}: slot index out of range [0, {self.capacity}): "
-                             f"min {int(indices.min())}, max {int(indices.max())}")
+                            f"{getattr(indices, 'dtype', type(indices).__name__)}")
         p = self.page_size
         if p == 1:
-            return indices
-        if n % p:
-            raise ValueError(f"{self.name}: {n} indices are not whole pages of {p}")
-        rows = indices.view(-1, p)
-        pages = rows[:, 0] // p
-        if not bool(torch.equal(rows, pages[:, None] * p + self._offsets)):
-            raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
-                             f"{indices[:min(n, 16)].tolist()}...")
+            pages = indices.tolist()
+        else:
+            n = indices.numel()
+            if n % p:
+                raise ValueError(f"{self.name}: {n} indices are not whole pages of {p}")
+            rows = indices.view(-1, p)
+            first = rows[:, 0]
+            if n and not bool(torch.equal(rows - first[:, None], self._offsets.expand_as(rows))):
+                raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
+                                 f"{indices[:min(n, 16)].tolist()}...")
+            pages = first.tolist()
+            if any(q % p for q in pages):
+                raise ValueError(f"{self.name}: indices are not page-aligned: {pages[:8]}")
+            pages = [q // p for q in pages]
+        if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
+            raise ValueError(f"{self.name}: slot index out of range [0, {self.capacity}): "
+                             f"{min(pages) * p}..{max(pages) * p + p - 1}")
         return pages
 
-    def check_free(self, indices: torch.Tensor) -> torch.Tensor:
+    def check_free(self, indices: torch.Tensor) -> list[int]:
         """Validate a free without doing it (no state change). Returns the page ids."""
         pages = self.pages_of(indices)
-        if pages.numel() == 0:
-            return pages
-        if pages.numel() > 1 and torch.unique(pages).numel() != pages.numel():
+        used = self._used
+        bad = [q * self.page_size for q in pages if not used[q]]
+        if bad:
+            raise ValueError(f"{self.name}: double free of slot(s) {bad[:16]}")
+        if len(set(pages)) != len(pages):
             raise ValueError(f"{self.name}: double free: pages repeated in one free call")
-        used = self._used[pages]
-        if not bool(used.all()):
-            raise ValueError(f"{self.name}: double free of slot(s) "
-                             f"{(pages[~used] * self.page_size).tolist()[:16]}")
         return pages
 
-    def free(self, indices: torch.Tensor, checked_pages: torch.Tensor | None = None) -> int:
+    def check_live(self, indices: torch.Tensor, name: str) -> None:
+        """Raise ValueError unless every index is an allocated slot."""
+        pages = self.pages_of(indices) if self.page_size > 1 else indices.tolist()
+        if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
+            raise ValueError(f"{name}: slot index out of range [0, {self.capacity})")
+        used = self._used
+        bad = [q * self.page_size for q in pages if not used[q]]
+        if bad:
+            raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
+                             "allocated)")
+
+    def free(self, indices: torch.Tensor, checked_pages: list[int] | None = None) -> int:
         """Return whole pages to the pool. Returns the number of slots freed."""
         pages = self.check_free(indices) if checked_pages is None else checked_pages
-        k = pages.numel()
-        if k == 0:
-            return 0
-        self._used[pages] = False
-        self._free[self._top:self._top + k] = pages
-        self._top += k
-        return k * self.page_size
+        used = self._used
+        for q in pages:
+            used[q] = 0
+        self._free.extend(pages)
+        return len(pages) * self.page_size
 
 
 class KVPool:

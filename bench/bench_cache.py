@@ -1,0 +1,168 @@
+"""Cache hot-path benchmark: a multi-turn chat workload with the device pool full.
+
+Each request: match -> lock -> evict (room for the new turn) -> alloc -> insert -> unlock, as a
+serving engine does. Reports per-op microseconds and requests/s at about 1k, 10k and 100k tree
+nodes, the ratio of per-eviction cost at the largest to the smallest tree (eviction must not
+scan), records on vs off, and the four component sets relative to FULL-only. All ratios come
+from one process run.
+
+    python bench/bench_cache.py                 # sizes 1k,10k,100k; FULL; records on and off
+    python bench/bench_cache.py --combos        # also all four component sets at 10k nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cache import CacheConfig, HiRadixCache  # noqa: E402
+from cache.events import FlightRecorder, NullRecorder  # noqa: E402
+
+SYS_LEN, TURN = 64, 32
+OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
+
+
+class Chat:
+    """Conversations over a few shared system prompts; each turn extends one conversation."""
+
+    def __init__(self, seed: int, prompts: int = 8) -> None:
+        self.rng = random.Random(seed)
+        self.prompts = [[self.rng.randrange(1, 30000) for _ in range(SYS_LEN)]
+                        for _ in range(prompts)]
+        self.convs: list[list[int]] = []
+
+    def next(self) -> list[int]:
+        r = self.rng
+        if not self.convs or r.random() < 0.3:
+            self.convs.append(list(r.choice(self.prompts)))
+            conv = self.convs[-1]
+        else:
+            conv = self.convs[r.randrange(max(0, len(self.convs) - 4096), len(self.convs))]
+        conv.extend(r.randrange(1, 30000) for _ in range(TURN))
+        return list(conv)
+
+
+def make_cache(nodes: int, components: tuple[str, ...], recorder) -> HiRadixCache:
+    tokens = nodes * TURN
+    kw = dict(page_size=1, device_tokens=tokens, host_tokens=0, components=components,
+              layers=1, heads=1, head_dim=1, dtype=torch.float16, device="cpu")
+    if "swa" in components:
+        kw.update(sliding_window=64, swa_device_tokens=tokens, swa_host_tokens=0, swa_layers=1)
+    if "mamba" in components:
+        kw.update(mamba_slots=nodes + 64, mamba_host_slots=0, mamba_state_shape=(1,))
+    return HiRadixCache(CacheConfig(**kw), recorder=recorder)
+
+
+def one_request(c: HiRadixCache, key: list[int], times: dict | None, rid: str) -> None:
+    clock = time.perf_counter_ns
+    t0 = clock()
+    m = c.match_prefix(key, req_id=rid)
+    t1 = clock()
+    r = c.lock(m.last_device_node, owner=rid)
+    t2 = clock()
+    n = len(key) - m.device_prefix_len
+    comps = c.ci
+    short = n - c.available()
+    if short > 0:
+        c.evict(short)
+    if "swa" in comps and n - c.available("swa") > 0:
+        c.evict(n - c.available("swa"), component="swa")
+    if "mamba" in comps and c.available("mamba") < 1:
+        c.evict(1, component="mamba")
+    t3 = clock()
+    idx = c.alloc(n)
+    kw = {}
+    if "swa" in comps:
+        kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1, dtype=torch.int64),
+                                       c.alloc(n, component="swa")])
+    if "mamba" in comps:
+        kw["mamba_slot"] = c.alloc(1, component="mamba")
+    t4 = clock()
+    c.insert(key, torch.cat([m.device_indices, idx]), prev_prefix_len=m.device_prefix_len,
+             req_id=rid, **kw)
+    t5 = clock()
+    c.unlock(r)
+    t6 = clock()
+    if times is not None:
+        for op, a, b in zip(OPS, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
+            times[op].append(b - a)
+
+
+def run(nodes: int, components: tuple[str, ...], recorder, requests: int, seed: int = 0):
+    c = make_cache(nodes, components, recorder)
+    chat = Chat(seed)
+    i = 0
+    while c.available() > TURN * 4:  # fill the pool
+        one_request(c, chat.next(), None, f"w{i}")
+        i += 1
+    for _ in range(nodes // 10):  # settle into steady-state eviction
+        one_request(c, chat.next(), None, f"w{i}")
+        i += 1
+    times = {op: [] for op in OPS}
+    keys = [chat.next() for _ in range(requests)]  # the workload is not what we time
+    start = time.perf_counter()
+    for k, key in enumerate(keys):
+        one_request(c, key, times, f"r{k}")
+    wall = time.perf_counter() - start
+    c.check()
+    evicts = [t for t in times["evict"] if t > 2000]  # calls that actually evicted
+    return {
+        "nodes": len(c.tree.nodes) - 1,
+        "req_per_s": requests / wall,
+        "us": {op: statistics.median(v) / 1000 for op, v in times.items()},
+        "per_request_us": wall / requests * 1e6,
+        "evict_us": statistics.median(evicts) / 1000 if evicts else 0.0,
+        "evict_calls": len(evicts),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--combos", action="store_true", help="also run all component sets at 10k")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"chat workload, pool full, {args.requests} measured requests per row "
+          "(median us per op; request = match+lock+evict+alloc+insert+unlock)")
+    hdr = f"{'nodes':>7} {'records':>8} " + " ".join(f"{op:>7}" for op in OPS) + \
+        f" {'us/req':>7} {'req/s':>7} {'evict us':>9}"
+    print(hdr)
+    results = {}
+    for size in sizes:
+        for label, rec in (("off", NullRecorder()), ("on", FlightRecorder(capacity=1 << 16))):
+            r = run(size, ("full",), rec, args.requests)
+            results[(size, label)] = r
+            print(f"{r['nodes']:>7} {label:>8} " + " ".join(f"{r['us'][op]:7.1f}" for op in OPS)
+                  + f" {r['per_request_us']:7.1f} {r['req_per_s']:7.0f} {r['evict_us']:9.1f}")
+    lo, hi = min(sizes), max(sizes)
+    for label in ("off", "on"):
+        a, b = results[(lo, label)]["evict_us"], results[(hi, label)]["evict_us"]
+        print(f"eviction cost ratio {hi // 1000}k/{lo // 1000}k nodes (records {label}): "
+              f"{b / a:.2f}  (target <= 1.5)")
+    for size in sizes:
+        off, on = results[(size, "off")], results[(size, "on")]
+        print(f"records on/off throughput at {size // 1000}k nodes: "
+              f"{on['req_per_s'] / off['req_per_s']:.2f}")
+    if args.combos:
+        size = 10000
+        base = None
+        print(f"\ncomponent sets at {size // 1000}k nodes, records on")
+        for comps in (("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba")):
+            r = run(size, comps, FlightRecorder(capacity=1 << 16), args.requests)
+            base = base or r["req_per_s"]
+            print(f"{'+'.join(comps):>16}: {r['req_per_s']:7.0f} req/s, "
+                  f"{r['per_request_us']:6.1f} us/req, ratio to FULL-only "
+                  f"{r['req_per_s'] / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
