@@ -30,7 +30,7 @@ class _Acc:
 
     def result(self, requested: int) -> EvictResult:
         names = [c.name for c in self.core.comps]
-        return EvictResult(requested, tuple(zip(names, self.freed)), tuple(self.evicted),
+        return EvictResult(requested, tuple(zip(names, self.freed, strict=False)), tuple(self.evicted),
                            tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned))
 
 

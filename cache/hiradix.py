@@ -13,10 +13,9 @@ import itertools
 import torch
 
 from cache import admission as _admission
-from cache import eviction, invariants, transfers
 from cache import events as ev
+from cache import eviction, invariants, transfers
 from cache.config import CacheConfig
-from cache.errors import StaleHandle
 from cache.events import Recorder
 from cache.keys import ceil_paged, check_namespace, match_len, normalize_key
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
@@ -179,7 +178,7 @@ class HiRadixCache(CacheCore):
         raw_len = _key_len(key)
         tokens = normalize_key(key, self.page_size)
         check_namespace(extra_key)
-        idx = self._check_indices(device_indices, raw_len, "device_indices", 0)
+        idx = self._check_indices(device_indices, raw_len, "device_indices", None)
         swa = None
         if "swa" in self.ci:
             if swa_indices is None:

@@ -25,17 +25,23 @@ def normalize_key(key: object, page_size: int, name: str = "key") -> tuple[int, 
                         f"got {type(key).__name__}")
     if toks:
         try:
-            array("q", toks)
-        except TypeError:
-            bad = next(t for t in toks if not isinstance(t, int))
-            raise TypeError(f"{name} must hold ints, found {bad!r} ({type(bad).__name__})") from None
-        except OverflowError:
-            raise ValueError(f"{name} holds a token id outside int64: {max(toks)!r}") from None
-        lo = min(toks)
-        if lo < 0:
-            raise ValueError(f"{name} holds a negative token id {lo} at position {toks.index(lo)}")
+            array("Q", toks)  # one C pass: every element an int, none negative
+        except (TypeError, OverflowError):
+            _raise_bad_token(toks, name)
     n = len(toks) - len(toks) % page_size
     return toks if n == len(toks) else toks[:n]
+
+
+def _raise_bad_token(toks: tuple, name: str) -> None:
+    for i, t in enumerate(toks):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"{name} must hold ints, found {t!r} ({type(t).__name__}) at "
+                            f"position {i}")
+        if t < 0:
+            raise ValueError(f"{name} holds a negative token id {t} at position {i}")
+        if t >= 1 << 64:
+            raise ValueError(f"{name} holds a token id outside uint64: {t} at position {i}")
+    raise AssertionError("unreachable: array('Q') rejected a valid key")
 
 
 def check_namespace(extra_key: object) -> object:

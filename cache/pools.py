@@ -98,8 +98,8 @@ class SlotAllocator:
         """Validate a free without doing it (no state change). Returns the page ids."""
         pages = self.pages_of(indices)
         used = self._used
-        bad = [q * self.page_size for q in pages if not used[q]]
-        if bad:
+        if not all(map(used.__getitem__, pages)):
+            bad = [q * self.page_size for q in pages if not used[q]]
             raise ValueError(f"{self.name}: double free of slot(s) {bad[:16]}")
         if len(set(pages)) != len(pages):
             raise ValueError(f"{self.name}: double free: pages repeated in one free call")
@@ -111,8 +111,8 @@ class SlotAllocator:
         if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
             raise ValueError(f"{name}: slot index out of range [0, {self.capacity})")
         used = self._used
-        bad = [q * self.page_size for q in pages if not used[q]]
-        if bad:
+        if not all(map(used.__getitem__, pages)):
+            bad = [q * self.page_size for q in pages if not used[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
                              "allocated)")
 

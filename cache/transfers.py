@@ -17,8 +17,8 @@ from collections import OrderedDict
 
 import torch
 
-from cache import eviction
 from cache import events as ev
+from cache import eviction
 from cache.errors import StaleHandle
 from cache.results import LoadBackResult, PoolCopy, Transfer
 from cache.state import DEVICE, HOST, TIERS, CacheCore
