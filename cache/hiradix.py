@@ -16,6 +16,7 @@ from cache import admission as _admission
 from cache import events as ev
 from cache import eviction, invariants, transfers
 from cache.config import CacheConfig
+from cache.errors import InvariantViolation
 from cache.events import Recorder
 from cache.keys import ceil_paged, check_namespace, match_len, normalize_key
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
@@ -462,8 +463,34 @@ class HiRadixCache(CacheCore):
 
     # ---- observation (no recency change, no records) ---------------------------------------
     def check(self) -> None:
-        """Raise ``InvariantViolation`` listing every broken invariant; read-only."""
-        invariants.check(self)
+        """Raise ``InvariantViolation`` listing every broken invariant; read-only. A violation
+        is also handed to ``error_hook`` (a crash bundle) before it propagates."""
+        try:
+            invariants.check(self)
+        except InvariantViolation as e:
+            if self.error_hook is not None and self._depth == 0:
+                self._run_error_hook(ev.OP_CHECK, e, None)
+            raise
+
+    def violations(self) -> list[tuple[str, int | None, str]]:
+        """Every broken invariant as ``(name, node, detail)``; empty when healthy. Read-only,
+        never raises for a violation and never calls ``error_hook`` (for observers such as
+        crash-bundle writers)."""
+        try:
+            invariants.check(self)
+        except InvariantViolation as e:
+            return list(e.violations)
+        return []
+
+    def dump_bundle(self, path=None, *, note: str | None = None):
+        """Write a crash bundle now (tree, flight-recorder tail, config, pools, metrics).
+
+        Needs a writer installed by ``telemetry.crash.install_crash_bundles(cache, directory)``
+        (the cache never imports telemetry). Returns what the writer returns (the path)."""
+        if self.bundle_writer is None:
+            raise RuntimeError("no bundle writer installed: call "
+                               "telemetry.crash.install_crash_bundles(cache, directory)")
+        return self.bundle_writer(path, note=note)
 
     def snapshot(self) -> CacheSnapshot:
         """Plain frozen data of the whole cache at the current seq; read-only."""

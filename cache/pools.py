@@ -8,6 +8,8 @@ Neither knows the tree.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 
@@ -62,7 +64,7 @@ class SlotAllocator:
                 raise RuntimeError(f"{self.name}: double alloc of page {p} (allocator corrupted)")
             used[p] = 1
         del free[-k:]
-        pages = torch.tensor(picked, dtype=torch.int64)
+        pages = torch.frombuffer(array("q", picked), dtype=torch.int64)
         if self.page_size == 1:
             return pages
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)

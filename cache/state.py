@@ -80,6 +80,7 @@ class CacheCore:
         self._depth = 0
         self.recorder_errors = 0
         self.error_hook = None  # called with (op, exception) when an operation raises
+        self.bundle_writer = None  # set by telemetry.crash.install_crash_bundles
 
     # ---- construction ------------------------------------------------------------------
     def _build_pools(self) -> None:
@@ -123,15 +124,15 @@ class CacheCore:
     def _end(self, tok, op: str, req_id, attrs: dict | None, error: BaseException | None = None
              ) -> None:
         self._depth -= 1
+        if tok is not None:
+            op_id, start, seq_first, ctx = tok
+            muts, self._muts = self._muts, []
+            err = None if error is None else f"{type(error).__name__}: {error}"
+            self._emit_record(OpRecord(op_id, op, start, time.time_ns(), req_id, ctx, seq_first,
+                                       self.seq, attrs or {}, err), muts)
+        # the failing op is on record before the hook (a crash bundle) looks for it
         if error is not None and self._depth == 0 and self.error_hook is not None:
             self._run_error_hook(op, error, tok)
-        if tok is None:
-            return
-        op_id, start, seq_first, ctx = tok
-        muts, self._muts = self._muts, []
-        err = None if error is None else f"{type(error).__name__}: {error}"
-        self._emit_record(OpRecord(op_id, op, start, time.time_ns(), req_id, ctx, seq_first,
-                                   self.seq, attrs or {}, err), muts)
 
     def end_transfer(self, tok, attrs: dict, start_ns: int) -> None:
         """Close a transfer ack: its own ``transfer`` op record when top-level; when nested in
@@ -290,24 +291,29 @@ class CacheCore:
         """Pin nodes (lock_ref on device, host_ref on host) and register the lock."""
         rid = self._next_receipt
         self._next_receipt += 1
+        first: dict[int, Node] = {}  # nodes that went from unpinned to pinned on this tier
         for ci, nodes in pins.items():
             size = self.comps[ci].size
             for node in nodes:
                 d = node.data[ci]
                 if tier == DEVICE:
-                    if d.lock_ref == 0 and d.value is not None:
-                        self.evictable[ci][0] -= size(d.value)
-                        self.protected[ci][0] += size(d.value)
+                    if d.lock_ref == 0:
+                        first[node.id] = node
+                        if d.value is not None:
+                            self.evictable[ci][0] -= size(d.value)
+                            self.protected[ci][0] += size(d.value)
                     d.lock_ref += 1
                 else:
-                    if d.host_ref == 0 and d.host_value is not None:
-                        self.evictable[ci][1] -= size(d.host_value)
-                        self.protected[ci][1] += size(d.host_value)
+                    if d.host_ref == 0:
+                        first[node.id] = node
+                        if d.host_value is not None:
+                            self.evictable[ci][1] -= size(d.host_value)
+                            self.protected[ci][1] += size(d.host_value)
                     d.host_ref += 1
         entry = LockEntry(rid, owner, anchor.id, tier,
                           {ci: [n.id for n in nodes] for ci, nodes in pins.items() if nodes})
         self.locks[rid] = entry
-        for node in {n.id: n for ns in pins.values() for n in ns}.values():
+        for node in first.values():
             self.refresh_leaf(node)
         if self._on:
             self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIERS[tier], (rid, owner, self._pins_out(entry)))
@@ -332,15 +338,18 @@ class CacheCore:
                 d = node.data[ci]
                 if entry.tier == DEVICE:
                     d.lock_ref -= 1
-                    if d.lock_ref == 0 and d.value is not None:
-                        self.protected[ci][0] -= size(d.value)
-                        self.evictable[ci][0] += size(d.value)
+                    if d.lock_ref == 0:
+                        touched[nid] = node
+                        if d.value is not None:
+                            self.protected[ci][0] -= size(d.value)
+                            self.evictable[ci][0] += size(d.value)
                 else:
                     d.host_ref -= 1
-                    if d.host_ref == 0 and d.host_value is not None:
-                        self.protected[ci][1] -= size(d.host_value)
-                        self.evictable[ci][1] += size(d.host_value)
-                touched[nid] = node
+                    if d.host_ref == 0:
+                        touched[nid] = node
+                        if d.host_value is not None:
+                            self.protected[ci][1] -= size(d.host_value)
+                            self.evictable[ci][1] += size(d.host_value)
         for ci in list(entry.pins):
             if cis is None or ci in cis:
                 del entry.pins[ci]
