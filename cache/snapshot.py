@@ -133,10 +133,11 @@ class CacheSnapshot:
     @classmethod
     def from_dict(cls, d: dict) -> CacheSnapshot:
         try:
+            state = _StateCache()
             nodes = tuple(
                 NodeSnapshot(int(i), None if p is None else int(p), _hashable(ek),
-                             tuple(int(t) for t in toks), int(la), int(hc),
-                             tuple(ComponentState(*c) for c in comps))
+                             tuple(toks), int(la), int(hc),
+                             tuple(state(c) for c in comps))
                 for i, p, ek, toks, la, hc, comps in d["nodes"])
             return cls(
                 seq=int(d["seq"]), page_size=int(d["page_size"]),
@@ -150,6 +151,20 @@ class CacheSnapshot:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a valid cache snapshot: {type(e).__name__}: {e}") from None
+
+
+class _StateCache:
+    """Equal component states share one frozen instance (most nodes are in a few states)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, ComponentState] = {}
+
+    def __call__(self, values) -> ComponentState:
+        key = tuple(values)
+        got = self._seen.get(key)
+        if got is None:
+            got = self._seen[key] = ComponentState(*key)
+        return got
 
 
 def _hashable(v: object) -> object:
@@ -256,34 +271,35 @@ class SnapshotBuilder:
 
     def snapshot(self) -> CacheSnapshot:
         comps = self.components
-        nodes = tuple(
-            NodeSnapshot(nid, r[0], r[1], r[2], r[3], r[4], tuple(ComponentState(*c) for c in r[5]))
-            for nid, r in sorted(self.nodes.items()))
+        n_c = len(comps)
+        state = _StateCache()
+        # one pass: nodes, and per component / tier the evictable and protected recount
+        ev_sum = [[0, 0] for _ in range(n_c)]
+        pr_sum = [[0, 0] for _ in range(n_c)]
+        nodes = []
+        for nid, r in sorted(self.nodes.items()):
+            states = tuple(state(c) for c in r[5])
+            nodes.append(NodeSnapshot(nid, r[0], r[1], r[2], r[3], r[4], states))
+            if nid == 0:
+                continue
+            for ci, (dev, host, lock, href) in enumerate(r[5]):
+                if dev is not None:
+                    (pr_sum if lock > 0 else ev_sum)[ci][0] += dev
+                if host is not None:
+                    (pr_sum if href > 0 else ev_sum)[ci][1] += host
         pools = []
         for (comp, tier), (cap, avail) in self.pools.items():
             ci = self._ci[comp]
-            ev_sum = pr_sum = 0
-            for n in nodes:
-                c = n.components[ci]
-                if tier == ev.TIER_DEVICE:
-                    if c.device_len is not None and n.node_id != 0:
-                        if c.lock_ref > 0:
-                            pr_sum += c.device_len
-                        else:
-                            ev_sum += c.device_len
-                elif c.host_len is not None and n.node_id != 0:
-                    if c.host_ref > 0:
-                        pr_sum += c.host_len
-                    else:
-                        ev_sum += c.host_len
+            ti = 0 if tier == ev.TIER_DEVICE else 1
             in_flight = sum(a for t in self.transfers.values() if t.tier == tier
                             for c, a in t.amounts if c == comp)
-            pools.append(PoolSnapshot(comp, tier, cap, avail, ev_sum, pr_sum, in_flight))
+            pools.append(PoolSnapshot(comp, tier, cap, avail, ev_sum[ci][ti], pr_sum[ci][ti],
+                                      in_flight))
         locks = tuple(
             LockSnapshot(rid, o, a, t, tuple((c, tuple(ids)) for c, ids in sorted(pins.items(),
                                                                                key=_comp_order(comps))))
             for rid, (o, a, t, pins) in sorted(self.locks.items()))
-        return CacheSnapshot(self.seq, self.page_size, comps, nodes,
+        return CacheSnapshot(self.seq, self.page_size, comps, tuple(nodes),
                              tuple(sorted(pools, key=_pool_order(comps))), locks,
                              tuple(t for _, t in sorted(self.transfers.items())))
 
