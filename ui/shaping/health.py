@@ -1,0 +1,90 @@
+"""Health: recorded invariant violations tied to the op that caused them, each violation line as
+a row, the snapshot doctor (``telemetry.doctor``) and the telemetry's own health in words."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from cache.snapshot import CacheSnapshot
+from telemetry import doctor
+
+_LINE = re.compile(r"^\s*\[(?P<check>[^\]]+)\]\s+node=(?P<node>None|-?\d+):\s*(?P<detail>.*)$")
+
+
+def causing_op(ops_table: pd.DataFrame, seq: int | None) -> pd.Series | None:
+    """The op that produced the state at ``seq``: the op whose mutations include ``seq``, else
+    the last op that ended at or before it (None when there is none)."""
+    if seq is None or ops_table.empty:
+        return None
+    first = ops_table["seq"] - ops_table["mutations"] + 1
+    hit = ops_table[(first <= seq) & (ops_table["seq"] >= seq) & (ops_table["mutations"] > 0)]
+    if hit.empty:
+        hit = ops_table[ops_table["seq"] <= seq]
+    return None if hit.empty else hit.iloc[-1]
+
+
+def violations_with_ops(violations: pd.DataFrame, ops_table: pd.DataFrame) -> pd.DataFrame:
+    """Each recorded violation with its causing op: ``id, seq, kind, headline, op_id, op,
+    req_id, message``. The op is the one the violation's ``details["op_id"]`` names (the engine
+    locates it by re-running with a check after every call), else ``causing_op`` of its seq."""
+    cols = ["id", "seq", "kind", "headline", "op_id", "op", "req_id", "message"]
+    rows = []
+    for v in violations.itertuples(index=False):
+        seq = None if pd.isna(v.seq) else int(v.seq)
+        named = (v.details or {}).get("op_id") if isinstance(v.details, dict) else None
+        exact = ops_table[ops_table["op_id"] == named] if named is not None else ops_table.iloc[:0]
+        op = exact.iloc[-1] if not exact.empty else causing_op(ops_table, seq)
+        head = str(v.message).splitlines()[0].rstrip(":") if v.message else ""
+        rows.append((int(v.id), seq, v.kind, head,
+                     None if op is None else int(op["op_id"]),
+                     None if op is None else op["op"], None if op is None else op["req_id"],
+                     v.message))
+    return pd.DataFrame(rows, columns=cols, dtype=object)
+
+
+def violation_lines(message: str) -> pd.DataFrame:
+    """The ``[check] node=N: detail`` lines of an ``InvariantViolation`` message as rows
+    ``check, node, detail`` (node -1 when the check names none); other text is skipped."""
+    rows = []
+    for line in str(message).splitlines():
+        m = _LINE.match(line)
+        if m:
+            node = m.group("node")
+            rows.append((m.group("check"), -1 if node == "None" else int(node),
+                         m.group("detail")))
+    return pd.DataFrame(rows, columns=["check", "node", "detail"])
+
+
+def findings_table(snap: CacheSnapshot) -> pd.DataFrame:
+    """``telemetry.doctor.findings`` as ``severity, subject, message`` rows."""
+    return pd.DataFrame([(f.severity, f.subject, f.message) for f in doctor.findings(snap)],
+                        columns=["severity", "subject", "message"])
+
+
+def telemetry_words(info: dict) -> list[str]:
+    """The store's own health: dropped records, sink failures and journal gaps, in words.
+
+    Args:
+        info: ``StoreReader.info()``.
+    """
+    out = []
+    stats = info.get("stats") or {}
+    dropped = {k: v for k, v in (stats.get("dropped") or {}).items() if v}
+    failures = {k: v for k, v in (stats.get("failures") or {}).items() if v}
+    gaps = info.get("gaps") or []
+    if dropped:
+        out.append("dropped records: " + ", ".join(f"{v} {k}" for k, v in sorted(dropped.items()))
+                   + " (the recorder's queue overflowed)")
+    if failures:
+        out.append("telemetry failures: " + ", ".join(f"{k} x{v}"
+                                                      for k, v in sorted(failures.items())))
+    for a, b in gaps:
+        out.append(f"journal gap after seq {a} (next seq {b}): states after seq {a} cannot be "
+                   "rebuilt exactly")
+    if not stats:
+        out.append("no telemetry stats yet: the writer has not flushed (a run still going?)")
+    elif not out:
+        out.append("telemetry healthy: nothing dropped, no failures, no journal gaps")
+    return out

@@ -1,0 +1,1 @@
+"""Streamlit layout pieces shared by several pages (the tree panel)."""
