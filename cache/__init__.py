@@ -7,9 +7,10 @@ per operation.
 from cache.config import CacheConfig
 from cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
 from cache.hiradix import HiRadixCache
+from cache.keys import TokenKey
 from cache.results import EvictResult, InsertResult, LoadBackResult, LockReceipt, MatchResult
 
 __all__ = [
     "CacheConfig", "HiRadixCache", "MatchResult", "InsertResult", "LockReceipt", "EvictResult",
-    "LoadBackResult", "CacheOutOfMemory", "InvariantViolation", "StaleHandle",
+    "LoadBackResult", "CacheOutOfMemory", "InvariantViolation", "StaleHandle", "TokenKey",
 ]

@@ -18,7 +18,7 @@ from cache import eviction, invariants, transfers
 from cache.config import CacheConfig
 from cache.errors import InvariantViolation
 from cache.events import Recorder
-from cache.keys import ceil_paged, check_namespace, match_len, normalize_key
+from cache.keys import TokenKey, ceil_paged, check_namespace, match_len, normalize_key
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
 from cache.snapshot import CacheSnapshot
 from cache.state import DEVICE, HOST, TIERS, CacheCore
@@ -512,6 +512,8 @@ class HiRadixCache(CacheCore):
 
 
 def _key_len(key) -> int:
+    if type(key) is TokenKey:
+        return len(key.tokens)
     try:
         return len(key)
     except TypeError:

@@ -110,7 +110,7 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
                 elif d.host_value is not None:
                     lru_members[ci][1].add(nid)
         unlocked = all(d.lock_ref == 0 for d in node.data)
-        if f.value is not None and unlocked and dev_children == 0:
+        if f.value is not None and f.lock_ref == 0 and dev_children == 0:
             d_leaves.add(nid)
         if (f.value is None and f.host_value is not None and not node.children and unlocked
                 and all(d.host_ref == 0 for d in node.data)):

@@ -9,9 +9,46 @@ import torch
 _NAMESPACE_TYPES = (str, int, type(None))
 
 
+class TokenKey:
+    """A validated, immutable token sequence. Build one per request and pass it to
+    ``match_prefix`` and ``insert``: validation (O(n)) then happens once, not per call."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: object) -> None:
+        self.tokens = _validate(tokens, "key")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            out = TokenKey.__new__(TokenKey)
+            out.tokens = self.tokens[item]
+            return out
+        return self.tokens[item]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenKey) and other.tokens == self.tokens
+
+    def __hash__(self) -> int:
+        return hash(self.tokens)
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(str, self.tokens[:8]))
+        return f"TokenKey([{head}{', ...' if len(self.tokens) > 8 else ''}] len={len(self)})"
+
+
 def normalize_key(key: object, page_size: int, name: str = "key") -> tuple[int, ...]:
-    """Validate ``key`` (a sequence of ints >= 0 or a 1-D integer tensor) and truncate it to
-    whole pages. Raises TypeError/ValueError naming the bad value; never mutates anything."""
+    """Validate ``key`` (a ``TokenKey``, a sequence of ints >= 0 or a 1-D integer tensor) and
+    truncate it to whole pages. Raises TypeError/ValueError naming the bad value; never mutates
+    anything."""
+    toks = key.tokens if type(key) is TokenKey else _validate(key, name)
+    n = len(toks) - len(toks) % page_size
+    return toks if n == len(toks) else toks[:n]
+
+
+def _validate(key: object, name: str) -> tuple[int, ...]:
     if isinstance(key, torch.Tensor):
         if key.dim() != 1:
             raise ValueError(f"{name} tensor must be 1-D, got shape {tuple(key.shape)}")
@@ -28,8 +65,7 @@ def normalize_key(key: object, page_size: int, name: str = "key") -> tuple[int, 
             array("Q", toks)  # one C pass: every element an int, none negative
         except (TypeError, OverflowError):
             _raise_bad_token(toks, name)
-    n = len(toks) - len(toks) % page_size
-    return toks if n == len(toks) else toks[:n]
+    return toks
 
 
 def _raise_bad_token(toks: tuple, name: str) -> None:

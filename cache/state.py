@@ -246,23 +246,31 @@ class CacheCore:
 
     # ---- evictable leaves ------------------------------------------------------------------
     def refresh_leaf(self, node: Node) -> None:
+        """Re-file ``node`` in the device / host evictable-leaf sets after a change.
+
+        D-leaf: FULL on device, unpinned, no child with FULL on device (FULL's lock_ref bounds
+        every auxiliary lock_ref, so it alone decides). H-leaf: FULL host-only, childless, no
+        pin or host ref on any component."""
         if node.parent is None:
             return
         f = node.data[0]
         nid = node.id
-        unlocked = all(d.lock_ref == 0 for d in node.data)
-        if f.value is not None and unlocked and node.device_children == 0:
-            if nid not in self.d_leaves:
-                self.d_leaves.add(nid)
-                heapq.heappush(self._d_heap, (node.last_access, nid))
-        elif nid in self.d_leaves:
-            self.d_leaves.discard(nid)
-        if (f.value is None and f.host_value is not None and not node.children and unlocked
-                and all(d.host_ref == 0 for d in node.data)):
+        if f.value is not None:
+            self.h_leaves.discard(nid)
+            if f.lock_ref == 0 and node.device_children == 0:
+                if nid not in self.d_leaves:
+                    self.d_leaves.add(nid)
+                    heapq.heappush(self._d_heap, (node.last_access, nid))
+            else:
+                self.d_leaves.discard(nid)
+            return
+        self.d_leaves.discard(nid)
+        if (f.host_value is not None and not node.children
+                and all(d.lock_ref == 0 and d.host_ref == 0 for d in node.data)):
             if nid not in self.h_leaves:
                 self.h_leaves.add(nid)
                 heapq.heappush(self._h_heap, (node.last_access, nid))
-        elif nid in self.h_leaves:
+        else:
             self.h_leaves.discard(nid)
 
     def pop_leaf(self, tier: int) -> Node | None:
