@@ -82,8 +82,10 @@ class HiRadixCache(CacheCore):
 
         Returns a frozen ``MatchResult`` (see its docstring for every field).
         Mutates: splits the node where the match ends inside it (new node ids); recency and hit
-        counts of ``best_match_node`` and its ancestors; with ``cow_mamba`` and a device state at
-        the match end, allocates a request MAMBA slot (evicting if needed) and copies the state.
+        counts of ``best_match_node`` and its ancestors; with ``cow_mamba``, when no load-back is
+        needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
+        (evicting if needed) and copies the state there; when a load-back is needed the copy
+        comes from ``load_back(match, cow_mamba=True)``, from the anchor's state.
         Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
         """
         tokens = normalize_key(key, self.page_size)
@@ -130,8 +132,8 @@ class HiRadixCache(CacheCore):
         mamba_slot = None
         if best >= 0:
             self.touch(best_node)
-        if cow and "mamba" in self.ci and last_dev >= 0 and hits.get("mamba", 0) == 0:
-            mamba_slot = self._cow_mamba(path[last_dev])
+        if cow and "mamba" in self.ci and last_dev >= 0 and last_dev == best:
+            mamba_slot = self._cow_mamba(path[last_dev])  # else load_back(cow_mamba=True)
         return MatchResult(
             device_indices=idx, device_prefix_len=dev_len,
             last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
@@ -496,13 +498,32 @@ class HiRadixCache(CacheCore):
         """Plain frozen data of the whole cache at the current seq; read-only."""
         return invariants.live_snapshot(self)
 
-    def path_indices(self, node: int) -> torch.Tensor:
-        """FULL device indices from the root to ``node`` (which must be device-resident)."""
+    def path_indices(self, node: int, *, component: str = "full", last: int | None = None
+                     ) -> torch.Tensor:
+        """A component's device indices along the path root -> ``node`` (read-only).
+
+        ``last=N`` returns only the indices of the last N tokens (e.g. an SWA window); every
+        node that range touches must hold the component on device, else ValueError."""
         n = self.node(node)
+        ci = self._ci_of(component)
+        if self.comps[ci].boundary_state:
+            raise ValueError(f"component {component!r} holds one state per node, not a path")
+        if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 0):
+            raise ValueError(f"last={last!r} must be None or an int >= 0")
         path = self.tree.path_to_root(n)[::-1]
-        if any(x.data[0].value is None for x in path):
-            raise ValueError(f"node {node} is not device-resident up to the root")
-        return torch.cat([x.data[0].value for x in path]) if path else _EMPTY
+        total = sum(len(x.key) for x in path)
+        start = 0 if last is None else max(0, total - last)
+        parts, off = [], 0
+        for x in path:
+            k = len(x.key)
+            if off + k > start:
+                v = x.data[ci].value
+                if v is None:
+                    raise ValueError(f"node {x.id} holds no {component} device data within the "
+                                     f"requested range of node {node}'s path")
+                parts.append(v[max(0, start - off):])
+            off += k
+        return torch.cat(parts) if parts else _EMPTY
 
     def node_prefix_len(self, node: int) -> int:
         return self.tree.prefix_len(self.node(node))

@@ -58,7 +58,7 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
     # ---- per node ------------------------------------------------------------------------------
     ev_sum = [[0, 0] for _ in range(n_c)]
     pr_sum = [[0, 0] for _ in range(n_c)]
-    owned: list[list[list[torch.Tensor]]] = [[[], []] for _ in range(n_c)]
+    owned: list[list[list[tuple[int, torch.Tensor]]]] = [[[], []] for _ in range(n_c)]
     d_leaves, h_leaves = set(), set()
     lru_members = [[set(), set()] for _ in range(n_c)]
     for node in nodes:
@@ -69,6 +69,10 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
         if f.value is None and f.host_value is None:
             v.append(("node.dead", nid, "FULL holds no value on either tier"))
         par = node.parent
+        if f.lock_ref > 0 and par.parent is not None and par.data[0].lock_ref == 0:
+            v.append(("full.lock_path_closed", nid, f"pinned (lock_ref {f.lock_ref}) under "
+                      f"unpinned parent {par.id}: the parent counts as evictable but no leaf "
+                      "eviction can reach it"))
         if f.value is not None and par.parent is not None and par.data[0].value is None:
             v.append(("full.device_prefix_closed", nid, f"device value under device-evicted parent {par.id}"))
         if (write_through and f.host_value is not None and par.parent is not None
@@ -89,7 +93,7 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
                               f"slots, expected {want}"))
                 ref = d.lock_ref if tier == DEVICE else d.host_ref
                 (pr_sum if ref > 0 else ev_sum)[ci][tier] += comp.size(val)
-                owned[ci][tier].append(val)
+                owned[ci][tier].append((nid, val))
             if d.lock_ref < 0 or d.host_ref < 0:
                 v.append((f"{comp.name}.refs_negative", nid, f"lock_ref {d.lock_ref}, host_ref {d.host_ref}"))
             for tier, ref in ((DEVICE, d.lock_ref), (HOST, d.host_ref)):
@@ -160,13 +164,21 @@ def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> N
                   f"{core.protected[ci][tier]} + held by requests {held} = {total} != capacity "
                   f"{alloc.capacity}"))
     if values:
-        idx = torch.cat(values)
-        pages = idx // alloc.page_size
+        idx = torch.cat([val for _, val in values])
         if idx.numel() and torch.unique(idx).numel() != idx.numel():
-            v.append((f"{comp.name}.{tn}.slot_shared", None, "a slot is owned by two tree values"))
-        freed = [q * alloc.page_size for q in pages.tolist() if not alloc.is_used(q)]
-        if freed:
-            v.append((f"{comp.name}.{tn}.slot_freed", None, f"tree holds freed slots {freed[:8]}"))
+            seen: dict[int, int] = {}
+            for nid, val in values:
+                for s in val.tolist():
+                    if s in seen:
+                        v.append((f"{comp.name}.{tn}.slot_shared", nid,
+                                  f"slot {s} is also owned by node {seen[s]}"))
+                        break
+                    seen[s] = nid
+        for nid, val in values:
+            pages = (val // alloc.page_size).tolist()
+            freed = [q * alloc.page_size for q in pages if not alloc.is_used(q)]
+            if freed:
+                v.append((f"{comp.name}.{tn}.slot_freed", nid, f"holds freed slots {freed[:8]}"))
 
 
 def live_snapshot(core) -> CacheSnapshot:

@@ -160,7 +160,9 @@ def backup(core: CacheCore, node: Node) -> int | None:
         copies.append(PoolCopy(core.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
                                torch.cat(srcs), dst.clone()))
     nodes = [n for n, _ in chain]
-    dev_pins = {0: nodes}
+    # FULL pins the whole path to the root, like any lock: an ancestor of a pinned node can
+    # never be a leaf, so counting it as evictable would let admission over-promise
+    dev_pins = {0: core.tree.path_to_root(node)}
     host_pins: dict[int, list[Node]] = {}
     for ci in host:
         with_ci = [n for n, needs in chain if ci in needs]

@@ -123,3 +123,29 @@ def test_seed_bug_4_transfers_are_frozen_and_share_no_tensors_with_the_tree():
     assert isinstance(moved, Transfer) and moved is not t and c.transfers[t.transfer_id] is t
     c.poll()
     c.check()
+
+
+def test_admission_never_counts_ancestors_of_an_in_flight_backup_as_evictable():
+    """Seed bug class 3's promise (admission passed => no OOM) also needs every counted
+    evictable slot to be reachable by eviction. An in-flight backup of a child that pinned only
+    the child left its parent counted evictable though no leaf eviction can reach it: admission
+    said fits, alloc then failed. Backups now pin the FULL path to the root, and ``check()``
+    flags any pin under an unpinned parent (``full.lock_path_closed``)."""
+    c = HiRadixCache(make_config(("full",), device_tokens=64, host_tokens=128))
+    a = list(range(100, 132))
+    c.insert(a, c.alloc(32))
+    c.poll()
+    c.insert(a + list(range(200, 216)), c.alloc(48)[:48])  # the child's backup is in flight
+    m = c.match_prefix(list(range(300, 340)))
+    adm = c.admission(m, 40)
+    full = adm.component("full")
+    assert (full.available, full.evictable, full.protected) == (16, 0, 48)
+    assert not adm.fits
+    with pytest.raises(CacheOutOfMemory):
+        c.alloc(40)
+    c.check()
+    c.poll()
+    adm = c.admission(m, 40)
+    assert adm.fits and adm.component("full").evictable == 48
+    assert c.alloc(40).numel() == 40
+    c.check()
