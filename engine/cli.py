@@ -1,0 +1,235 @@
+"""The ``radixscope`` command: ``run``, ``doctor``, ``ui``, ``export``.
+
+Bad input (an unknown workload, a negative size, a missing or corrupt store...) prints one line
+``radixscope <command>: error: ...`` on stderr and exits 2; never a traceback. ``run`` exits 1
+when the run found a problem (content mismatch, invariant violation, an admitted request out of
+memory, a stuck engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cache.config import PRESETS, WRITE_POLICIES
+from engine.run import SIZE_FIELDS, RunSpec
+from engine.workloads import WORKLOADS
+
+DEFAULT_STORE = "runs/latest.db"
+EXIT_BAD_INPUT = 2
+EXIT_PROBLEM = 1
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {lo}")
+        return v
+    return parse
+
+
+def _components(text: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="radixscope", description="Observability-first hierarchical KV prefix "
+                "cache: run a reference engine on it, inspect the store, open the UI.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run the reference engine on a workload and write a store")
+    r.add_argument("--workload", default="chat", help=f"one of {', '.join(WORKLOADS)}")
+    r.add_argument("--trace", metavar="FILE", help="JSONL trace (with --workload trace)")
+    r.add_argument("--preset", help=f"model preset: one of {', '.join(sorted(PRESETS))} "
+                   "(default: from --components, else hybrid)")
+    r.add_argument("--components", type=_components, help="full | full,swa | full,mamba | "
+                   "full,swa,mamba")
+    r.add_argument("--write-policy", default="write_through", help=", ".join(WRITE_POLICIES))
+    r.add_argument("--requests", type=_int_at_least(1),
+                   help="number of requests (default 200; trace: every line)")
+    r.add_argument("--seed", type=_int_at_least(0), default=0, help="workload seed (default 0)")
+    r.add_argument("--store", default=DEFAULT_STORE, help=f"store path (default {DEFAULT_STORE})")
+    r.add_argument("--no-store", action="store_true", help="run without telemetry")
+    r.add_argument("--check-invariants", action="store_true",
+                   help="check() after every step; stop at the first violation")
+    for f in SIZE_FIELDS:
+        unit = "states" if f.startswith("mamba") else "tokens"
+        r.add_argument("--" + f.replace("_", "-"), dest=f, type=_int_at_least(1 if f in (
+            "page_size", "device_tokens", "mamba_slots") else 0), metavar="N",
+            help="tokens per page (default: the preset's)" if f == "page_size"
+            else f"pool size in {unit} (default: the preset's)")
+    r.add_argument("--chunk-tokens", type=_int_at_least(1), default=256, metavar="N",
+                   help="prefill chunk per request and step (default 256)")
+    r.add_argument("--prefill-budget", type=_int_at_least(1), default=512, metavar="N",
+                   help="prefill tokens per step (default 512)")
+    r.add_argument("--max-running", type=_int_at_least(1), default=16, metavar="N",
+                   help="requests running at once (default 16)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d = sub.add_parser("doctor", help="budget, violations and admissions of a store in words")
+    d.add_argument("store")
+    u = sub.add_parser("ui", help="open the Streamlit UI on a store")
+    u.add_argument("store")
+    u.add_argument("--port", type=_int_at_least(1))
+    e = sub.add_parser("export", help="export a store")
+    e.add_argument("store")
+    e.add_argument("--perfetto", metavar="FILE", required=True,
+                   help="Chrome / Perfetto trace-event JSON (open in ui.perfetto.dev)")
+    return p
+
+
+# ---- commands ----------------------------------------------------------------------------
+def _check_store_target(path: str) -> None:
+    """Refuse to overwrite a file that is not a radixscope store."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"radixscope run: error: --store {path!r} is a directory, not a store "
+                         "file")
+    if p.exists():
+        from telemetry import open_store
+        try:
+            open_store(p).close()
+        except (ValueError, FileNotFoundError):
+            raise UsageError(f"radixscope run: error: --store {path!r} exists and is not a "
+                             "radixscope store; refusing to overwrite it") from None
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from engine.progress import ProgressBar
+    from engine.run import execute
+    from engine.summary import format_summary, summarize
+
+    store = None if ns.no_store else ns.store
+    if store is not None:
+        _check_store_target(store)
+    spec = RunSpec(workload=ns.workload, requests=ns.requests, seed=ns.seed, preset=ns.preset,
+                   components=ns.components, write_policy=ns.write_policy,
+                   sizes={f: getattr(ns, f) for f in SIZE_FIELDS if getattr(ns, f) is not None},
+                   store=store, check_invariants=ns.check_invariants,
+                   chunk_tokens=ns.chunk_tokens, prefill_budget=ns.prefill_budget,
+                   max_running=ns.max_running, trace=ns.trace)
+    bar = ProgressBar(0, enabled=False if ns.no_progress else None)
+    try:
+        result = execute(spec, on_step=lambda e: _draw(bar, e))
+    except (ValueError, OSError) as e:  # bad settings; a store path that cannot be written
+        raise UsageError(f"radixscope run: error: {e}") from None
+    finally:
+        bar.close()
+    summary = summarize(result)
+    print(format_summary(summary))
+    if result.error is not None:
+        print(f"radixscope run: {result.error_kind} problem: {result.error}", file=sys.stderr)
+        return EXIT_PROBLEM
+    if summary.budget_violations:
+        print(f"radixscope run: {summary.budget_violations} admitted requests ran out of memory "
+              "in their load-back or first chunk (see radixscope doctor)", file=sys.stderr)
+        return EXIT_PROBLEM
+    return 0
+
+
+def _draw(bar, engine) -> None:
+    bar.total = max(1, engine.total)
+    bar(engine)
+
+
+def _open_checked(path: str, command: str):
+    from telemetry import open_store
+    try:
+        return open_store(path)
+    except FileNotFoundError:
+        raise UsageError(f"radixscope {command}: error: no store at {path!r}") from None
+    except ValueError as e:
+        raise UsageError(f"radixscope {command}: error: {e}") from None
+
+
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from engine.doctor import diagnose
+
+    _open_checked(ns.store, "doctor").close()
+    try:
+        report = diagnose(ns.store)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"radixscope doctor: error: {ns.store!r}: {e}") from None
+    print(report.text)
+    return 0 if report.healthy else EXIT_PROBLEM
+
+
+def ui_app_path() -> Path | None:
+    """The UI's Streamlit entrypoint (``ui/app.py``), or None when the UI is not installed."""
+    spec = importlib.util.find_spec("ui")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    app = Path(next(iter(spec.submodule_search_locations))) / "app.py"
+    return app if app.is_file() else None
+
+
+def cmd_ui(ns: argparse.Namespace) -> int:
+    _open_checked(ns.store, "ui").close()
+    app = ui_app_path()
+    if app is None:
+        print("radixscope ui: the UI is not available in this installation (no ui/app.py)",
+              file=sys.stderr)
+        return EXIT_PROBLEM
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app),
+           "--browser.gatherUsageStats", "false"]
+    if ns.port is not None:
+        cmd += ["--server.port", str(ns.port)]
+    cmd += ["--", "--store", os.path.abspath(ns.store)]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from telemetry import export_perfetto
+
+    _open_checked(ns.store, "export").close()
+    out = Path(ns.perfetto)
+    if out.is_dir():
+        raise UsageError(f"radixscope export: error: --perfetto {ns.perfetto!r} is a directory")
+    if not out.parent.exists():
+        raise UsageError(f"radixscope export: error: directory {str(out.parent)!r} does not "
+                         "exist")
+    try:
+        counts = export_perfetto(ns.store, out)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"radixscope export: error: {ns.store!r}: {e}") from None
+    parts = ", ".join(f"{v} {k}" for k, v in counts.items())
+    print(f"wrote {out} ({parts}); open it in https://ui.perfetto.dev")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_export}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``radixscope`` console script. Returns the exit status."""
+    try:
+        ns = build_parser().parse_args(argv)
+        return COMMANDS[ns.command](ns)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("radixscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``radixscope doctor STORE``: what a store says about a run, in plain words.
+
+The cache's state at the store's last seq (rebuilt from the journal) explained by
+``telemetry.doctor`` (budget per component and tier, what looks wrong), then the invariant and
+integrity violations the run recorded, the admission decisions, and telemetry's own health.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+
+from telemetry import open_store
+from telemetry.doctor import ERROR, doctor_report, findings
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    text: str
+    healthy: bool  # no recorded violation and no error finding
+
+
+def _violation_lines(df: pd.DataFrame) -> list[str]:
+    if df.empty:
+        return ["violations: none recorded"]
+    out = [f"violations: {len(df)} recorded"]
+    for row in df.itertuples(index=False):
+        seq = "" if pd.isna(row.seq) else f" at seq {int(row.seq)}"
+        out.append(f"  [{row.kind}]{seq}: {row.message}")
+    return out
+
+
+def _reason_key(reason: str) -> str:
+    """A refusal reason without its numbers, to group them (``refused: full: ...``)."""
+    head = reason.split(";")[0]
+    words = [w for w in head.replace(":", " : ").split() if not w.strip("()").isdigit()]
+    return " ".join(words[:8])
+
+
+def _admission_lines(df: pd.DataFrame) -> list[str]:
+    if df.empty:
+        return ["admissions: none recorded"]
+    attrs = list(df["attrs"])
+    admitted = sum(1 for a in attrs if a.get("admitted"))
+    rejected = [a for a in attrs if a.get("rejected")]
+    refused = [a for a in attrs if not a.get("admitted") and not a.get("rejected")]
+    out = [f"admissions: {admitted} admitted; {len(refused)} requests were refused at least once "
+           f"(they waited in the queue); {len(rejected)} rejected because they could never fit"]
+    for label, group in (("refused", refused), ("rejected", rejected)):
+        reasons = Counter(_reason_key(str(a.get("reason", ""))) for a in group)
+        for key, count in reasons.most_common(3):
+            example = next(str(a.get("reason")) for a in group
+                           if _reason_key(str(a.get("reason", ""))) == key)
+            out.append(f"  {count} {label}, e.g. {example.removeprefix(label + ': ')}")
+    return out
+
+
+def _health_lines(stats: dict) -> list[str]:
+    dropped = {k: v for k, v in (stats.get("dropped") or {}).items() if v}
+    failures = {k: v for k, v in (stats.get("failures") or {}).items() if v}
+    if not dropped and not failures:
+        return ["telemetry: nothing dropped, no failures"]
+    out = []
+    if dropped:
+        out.append("telemetry: dropped " + ", ".join(f"{v} {k}" for k, v in dropped.items())
+                   + " (the journal may have gaps)")
+    if failures:
+        out.append("telemetry failures: " + ", ".join(f"{k} x{v}" for k, v in failures.items()))
+    return out
+
+
+def diagnose(path: str) -> DoctorReport:
+    """Read the store at ``path`` and explain it.
+
+    Raises:
+        FileNotFoundError / ValueError: no store there, not a store, or a store with no journal.
+    """
+    with open_store(path) as r:
+        seq = r.last_seq()
+        snap = r.state_at(seq)
+        violations = r.violations()
+        admissions = r.events("admission")
+        stats = r.stats()
+    comps = "+".join(snap.components)
+    lines = [f"store {path}: {comps} cache, page size {snap.page_size}, journal up to seq {seq}",
+             doctor_report(snap)]
+    lines += _violation_lines(violations)
+    lines += _admission_lines(admissions)
+    lines += _health_lines(stats)
+    healthy = violations.empty and not any(f.severity == ERROR for f in findings(snap))
+    lines.append("verdict: " + ("healthy" if healthy else "PROBLEMS FOUND (see above)"))
+    return DoctorReport("\n".join(lines), healthy)
+
+
+__all__ = ["diagnose", "DoctorReport"]

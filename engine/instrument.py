@@ -1,0 +1,139 @@
+"""What the engine measures about the cache, without touching it.
+
+- ``CountingRecorder`` sits between the cache and telemetry's recorder (it forwards every record)
+  and tallies per-op latencies (the cache's own op timestamps), evictions per component and tier
+  (a device or host value going away), backups and load-backs (transfers started).
+- ``TimedCache`` is the engine's handle on the cache: it forwards everything and adds up the time
+  spent inside cache calls (for the bench's "share of time in the cache"). With ``check_each``
+  it runs ``check()`` after every call and names the call that broke an invariant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+
+from cache import events as ev
+from cache.errors import InvariantViolation
+from cache.events import OpRecord, Recorder
+
+
+class CountingRecorder(Recorder):
+    """A recorder that counts and forwards. ``inner`` is telemetry's recorder or None."""
+
+    enabled = True
+
+    def __init__(self, inner: Recorder | None = None) -> None:
+        self.inner = inner if inner is not None and inner.enabled else None
+        self.capture_context = bool(getattr(self.inner, "capture_context", False))
+        self.op_ns: dict[str, list[int]] = defaultdict(list)
+        self.evictions: Counter[tuple[str, str]] = Counter()  # (component, tier) -> values dropped
+        self.evicted: Counter[tuple[str, str]] = Counter()  # (component, tier) -> slots dropped
+        self.transfers: Counter[str] = Counter()  # kind -> transfers started
+        self.moved: Counter[tuple[str, str]] = Counter()  # (kind, component) -> slots
+        self.last_op: OpRecord | None = None
+        self._state: dict[tuple[int, str], tuple[int | None, int | None]] = {}
+        self._comps: tuple[str, ...] = ()
+
+    def attach(self, info: dict, snapshot) -> None:
+        self._comps = tuple(snapshot.components)
+        for n in snapshot.nodes:
+            for comp, st in zip(snapshot.components, n.components, strict=True):
+                self._state[(n.node_id, comp)] = (st.device_len, st.host_len)
+        if self.inner is not None:
+            self.inner.attach(info, snapshot)
+
+    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+        self.op_ns[op.op].append(op.end_ns - op.start_ns)
+        self.last_op = op
+        state = self._state
+        for m in mutations:
+            kind = m[2]
+            if kind == ev.COMP_STATE:
+                key = (m[3], m[4])
+                dev, host = m[6][0], m[6][1]
+                old = state.get(key)
+                if old is not None:
+                    if old[0] is not None and dev is None:
+                        self.evictions[(m[4], ev.TIER_DEVICE)] += 1
+                        self.evicted[(m[4], ev.TIER_DEVICE)] += old[0]
+                    if old[1] is not None and host is None:
+                        self.evictions[(m[4], ev.TIER_HOST)] += 1
+                        self.evicted[(m[4], ev.TIER_HOST)] += old[1]
+                state[key] = (dev, host)
+            elif kind == ev.TRANSFER_START:
+                _tid, tkind, _nodes, amounts = m[6]
+                self.transfers[tkind] += 1
+                for comp, n in amounts:
+                    self.moved[(tkind, comp)] += n
+            elif kind == ev.NODE_DELETE:
+                for comp in self._comps:
+                    state.pop((m[3], comp), None)
+        if self.inner is not None:
+            self.inner.record(op, mutations)
+
+    def __getattr__(self, name: str):
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+class OpViolation(RuntimeError):
+    """``check()`` failed right after one cache call: names the call and the violations."""
+
+    def __init__(self, call: str, req_id: str | None, op: OpRecord | None,
+                 violation: InvariantViolation) -> None:
+        self.call = call
+        self.req_id = req_id
+        self.op = op
+        self.violation = violation
+        name, node, detail = violation.violations[0]
+        where = f"op #{op.op_id} {op.op}" if op is not None else f"call {call}"
+        at = f"at node {node}" if node is not None else "(pool-wide)"
+        more = len(violation.violations) - 1
+        super().__init__(f"invariant {name} broken {at}, first seen right after {where} "
+                         f"(request {req_id}): {detail}"
+                         + (f" (+{more} more violation(s))" if more else ""))
+
+
+_TIMED = frozenset({"match_prefix", "admission", "load_back", "poll", "lock", "unlock",
+                    "release_swa", "alloc", "free", "insert", "evict", "evict_host", "backup",
+                    "path_indices", "node_prefix_len"})
+
+
+class TimedCache:
+    """Forwards to ``cache``; times the calls in ``_TIMED``; optionally checks after each."""
+
+    def __init__(self, cache, counter: CountingRecorder | None = None) -> None:
+        self.cache = cache
+        self.counter = counter
+        self.ns = 0
+        self.calls = 0
+        self.check_each = False
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.cache, name)
+        if name not in _TIMED:
+            return attr
+
+        def call(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.ns += time.perf_counter_ns() - t0
+                self.calls += 1
+                if self.check_each:
+                    self._check(name, kwargs.get("req_id"))
+        return call
+
+    def _check(self, name: str, req_id: str | None) -> None:
+        try:
+            self.cache.check()
+        except InvariantViolation as e:
+            op = self.counter.last_op if self.counter is not None else None
+            raise OpViolation(name, req_id, op, e) from None
+
+
+__all__ = ["CountingRecorder", "TimedCache", "OpViolation"]

@@ -1,0 +1,240 @@
+"""One engine run from plain settings: workload, cache config, telemetry store, outcome.
+
+``execute(spec)`` builds the cache (``CacheConfig.preset`` plus overrides), the workload, the
+telemetry store, runs the engine and returns a ``RunResult``. It never raises for a broken
+invariant or a content mismatch: those end the run and are reported in the result (and recorded
+in the store). With ``check_invariants``, a violation found after a step is located exactly by
+re-running the (deterministic) run with a check after every cache call from that step on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from cache.config import PRESETS, CacheConfig
+from cache.errors import InvariantViolation
+from cache.hiradix import HiRadixCache
+from engine import workloads
+from engine.bundles import RunBundles
+from engine.engine import Engine, EngineConfig, EngineStuck
+from engine.instrument import CountingRecorder, OpViolation, TimedCache
+from engine.model import ContentMismatch
+
+Hook = Callable[[Engine], None]
+PRESET_OF_COMPONENTS = {("full",): "full", ("full", "swa"): "swa", ("full", "mamba"): "mamba",
+                        ("full", "swa", "mamba"): "hybrid"}
+SIZE_FIELDS = ("page_size", "device_tokens", "host_tokens", "swa_device_tokens",
+               "swa_host_tokens", "mamba_slots", "mamba_host_slots")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run needs; None means "the preset's / workload's default" (the preset
+    defaults to ``hybrid``: FULL + SWA + MAMBA)."""
+
+    workload: str = "chat"
+    requests: int | None = None
+    seed: int = 0
+    preset: str | None = None
+    components: tuple[str, ...] | None = None
+    write_policy: str = "write_through"
+    sizes: dict = field(default_factory=dict)  # SIZE_FIELDS -> int
+    store: str | None = "runs/latest.db"
+    check_invariants: bool = False
+    chunk_tokens: int = 256
+    prefill_budget: int = 512
+    max_running: int = 16
+    trace: str | None = None
+    workload_options: dict = field(default_factory=dict)  # knobs of the workload generator
+    telemetry_mode: str = "process"  # "inline": sinks on this thread, no request spans (tests)
+
+    def preset_name(self) -> str:
+        if self.components is not None:
+            comps = tuple(self.components)
+            name = PRESET_OF_COMPONENTS.get(comps)
+            if name is None:
+                raise ValueError(f"components={','.join(comps)!r}: must be one of "
+                                 f"{', '.join(','.join(k) for k in PRESET_OF_COMPONENTS)}")
+            if self.preset is not None and self.preset != name:
+                if self.preset not in PRESETS:
+                    raise ValueError(f"unknown preset {self.preset!r}")
+                have = ",".join(PRESETS[self.preset]["components"])
+                raise ValueError(f"--components {','.join(comps)} does not match --preset "
+                                 f"{self.preset} (components {have})")
+            return name
+        name = self.preset or "hybrid"
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+        return name
+
+    def cache_config(self) -> CacheConfig:
+        name = self.preset_name()
+        over = {}
+        for k, v in self.sizes.items():
+            if k not in SIZE_FIELDS:
+                raise ValueError(f"unknown pool size {k!r}; choose from {', '.join(SIZE_FIELDS)}")
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{k}={v!r} must be an int >= 0")
+                comp = k.split("_")[0]
+                if comp in ("swa", "mamba") and comp not in PRESETS[name]["components"]:
+                    raise ValueError(f"{k}={v} is for the {comp!r} component, which preset "
+                                     f"{name!r} does not have")
+                over[k] = v
+        return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu", **over)
+
+    def engine_config(self, check_each_from: int | None = None) -> EngineConfig:
+        return EngineConfig(chunk_tokens=self.chunk_tokens, prefill_budget=self.prefill_budget,
+                            max_running=self.max_running, check_invariants=self.check_invariants,
+                            check_each_from=check_each_from)
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    config: CacheConfig
+    engine: Engine
+    counter: CountingRecorder
+    cache: TimedCache
+    wall_s: float
+    store: str | None
+    error: str | None = None  # content mismatch, invariant violation or stuck engine
+    error_kind: str | None = None  # "content", "invariant", "stuck"
+    violation: dict | None = None
+    bundles: list = field(default_factory=list)  # crash bundles written during the run
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.engine.admitter.budget_violations
+
+
+def _open_telemetry(path: str | None, mode: str):
+    if path is None:
+        return None
+    import telemetry
+
+    # process mode (the CLI) routes this process's spans (the request spans) into the store
+    # through the global tracer provider; inline mode (tests) leaves the global provider alone
+    return telemetry.setup(store=path, overwrite=True, mode=mode,
+                           capture_host_spans=mode == "process")
+
+
+def _build(spec: RunSpec, recorder_inner, check_each_from: int | None,
+           hooks: list[Hook], tel) -> tuple[Engine, CountingRecorder, TimedCache, CacheConfig]:
+    cfg = spec.cache_config()
+    reqs = workloads.build(spec.workload, spec.requests, spec.seed, spec.trace,
+                           **spec.workload_options)
+    counter = CountingRecorder(recorder_inner)
+    cache = TimedCache(HiRadixCache(cfg, recorder=counter), counter)
+    engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
+                    model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
+    return engine, counter, cache, cfg
+
+
+def _chain(hooks: list[Hook]) -> Hook | None:
+    hooks = [h for h in hooks if h is not None]
+    if not hooks:
+        return None
+
+    def run_all(engine: Engine) -> None:
+        for h in hooks:
+            h(engine)
+    return run_all
+
+
+def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = None) -> RunResult:
+    """Run ``spec``. Bad settings raise ValueError before anything starts.
+
+    Args:
+        spec: the settings.
+        on_step: called after every step (a progress bar).
+        fault: called after every step before ``on_step``, in the run and in the re-run that
+            locates a violation (tests inject faults with it).
+    """
+    spec.cache_config()  # validate before opening a store
+    workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
+                    spec.trace, **spec.workload_options)
+    spec.engine_config()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the engine's tensors are small: intra-op threads only cost
+    tel = _open_telemetry(spec.store, spec.telemetry_mode)
+    bundles = None
+    try:
+        engine, counter, cache, cfg = _build(spec, tel.recorder if tel else None, None,
+                                             [fault, on_step], tel)
+        if tel is not None:
+            bundles = RunBundles(cache.cache, spec.store, tel)
+            engine.on_step = _chain([engine.on_step, bundles.service])
+        result = RunResult(spec, cfg, engine, counter, cache, 0.0, spec.store)
+        t0 = time.perf_counter()
+        try:
+            engine.run()
+        except ContentMismatch as e:
+            result.error, result.error_kind = str(e), "content"
+            result.violation = {"req_id": e.req_id, "component": e.component,
+                                "position": e.position, "slot": e.slot}
+            if bundles is not None:
+                bundles.dump(note=str(e))
+        except InvariantViolation as e:
+            result.error_kind = "invariant"
+            result.violation = locate(spec, engine.step_no, e, fault)
+            result.error = result.violation["message"]
+        except OpViolation as e:
+            result.error_kind = "invariant"
+            result.violation = _op_violation(e, engine.step_no)
+            result.error = result.violation["message"]
+        except EngineStuck as e:
+            result.error, result.error_kind = str(e), "stuck"
+        result.wall_s = time.perf_counter() - t0
+        if bundles is not None:
+            result.bundles = bundles.written
+        if result.error is not None:
+            engine.abort()
+            if tel is not None:
+                details = dict(result.violation or {})
+                details["bundles"] = [str(p) for p in result.bundles]
+                tel.record_violation(result.error, kind=result.error_kind, details=details)
+    finally:
+        if bundles is not None:
+            bundles.close()
+        if tel is not None:
+            tel.close()
+        torch.set_num_threads(threads)
+    return result
+
+
+def _op_violation(e: OpViolation, step: int) -> dict:
+    name, node, detail = e.violation.violations[0]
+    op = e.op
+    return {"message": f"step {step}: {e}", "invariant": name, "node": node, "detail": detail,
+            "step": step, "call": e.call, "req_id": e.req_id,
+            "op_id": op.op_id if op else None, "op": op.op if op else None,
+            "seq": op.seq_last if op else None,
+            "violations": [list(v) for v in e.violation.violations]}
+
+
+def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook | None = None
+           ) -> dict:
+    """Re-run ``spec`` without a store, checking after every cache call from ``step`` on, to
+    name the operation that first broke an invariant seen after ``step``."""
+    try:
+        engine, *_ = _build(replace(spec, store=None), None, step, [fault], None)
+        engine.run()
+    except OpViolation as e:
+        return _op_violation(e, engine.step_no)
+    except Exception:  # noqa: BLE001 - fall back to the step-level report below
+        pass
+    name, node, detail = original.violations[0]
+    at = f"at node {node}" if node is not None else "(pool-wide)"
+    return {"message": f"step {step}: invariant {name} broken {at}: {detail} (the re-run could "
+                       "not name the operation)",
+            "invariant": name, "node": node, "detail": detail, "step": step, "op": None,
+            "op_id": None, "req_id": None, "seq": None,
+            "violations": [list(v) for v in original.violations]}
+
+
+__all__ = ["RunSpec", "RunResult", "execute", "locate", "PRESET_OF_COMPONENTS", "SIZE_FIELDS"]

@@ -1,0 +1,175 @@
+"""The end-of-run summary: plain numbers (``summarize``) and the table ``radixscope run`` prints.
+
+Hit rates are per component and tier, over what the finished requests looked up at their
+(last) admission:
+
+- FULL: prompt tokens; *device* = reused from device memory, *host* = loaded back from host.
+- SWA: the window behind each request's reused prefix (``min(window, prompt)`` tokens looked up);
+  *host* = window tokens loaded back, *device* = the rest of the window that was reused.
+- MAMBA: one state per request; *device* = copied from a device state, *host* = loaded back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cache import events as ev
+from engine.run import RunResult
+
+
+@dataclass(frozen=True)
+class HitRate:
+    component: str
+    unit: str
+    looked_up: int
+    device: int
+    host: int
+
+    @property
+    def miss(self) -> int:
+        return self.looked_up - self.device - self.host
+
+    def pct(self, n: int) -> float:
+        return 100.0 * n / self.looked_up if self.looked_up else 0.0
+
+
+@dataclass(frozen=True)
+class OpLatency:
+    op: str
+    count: int
+    p50_us: float
+    p99_us: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    workload: str
+    preset: str
+    components: tuple[str, ...]
+    write_policy: str
+    requests: int
+    finished: int
+    rejected: int
+    retractions: int
+    refusals: int
+    steps: int
+    wall_s: float
+    cache_s: float
+    hits: tuple[HitRate, ...]
+    evictions: tuple[tuple[str, str, int, int], ...]  # (component, tier, values, slots)
+    backups: int
+    load_backs: int
+    moved: tuple[tuple[str, str, int], ...]  # (kind, component, slots)
+    latency: tuple[OpLatency, ...]
+    verified_prefixes: int
+    verified_tokens: int
+    budget_violations: int
+    checked: bool
+    error: str | None
+    error_kind: str | None
+    store: str | None
+    bundles: tuple[str, ...] = ()
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.finished / self.wall_s if self.wall_s else 0.0
+
+
+def _pctl(values: list[int], q: float) -> float:
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[k] / 1000.0
+
+
+def hit_rates(result: RunResult) -> tuple[HitRate, ...]:
+    seqs = result.engine.done
+    comps = result.config.components
+    out = [HitRate("full", "tokens", sum(s.prompt_len for s in seqs),
+                   sum(s.device_hit for s in seqs), sum(s.host_hit for s in seqs))]
+    if "swa" in comps:
+        w = result.config.sliding_window
+        look = dev = host = 0
+        for s in seqs:
+            look += min(w, s.prompt_len)
+            win = min(w, s.reused)
+            loaded = min(win, s.swa_loaded)
+            host += loaded
+            dev += win - loaded
+        out.append(HitRate("swa", "tokens", look, dev, host))
+    if "mamba" in comps:
+        out.append(HitRate("mamba", "states", len(seqs), sum(s.mamba_device_hit for s in seqs),
+                           sum(1 for s in seqs if s.mamba_loaded)))
+    return tuple(out)
+
+
+def summarize(result: RunResult) -> Summary:
+    e, counter = result.engine, result.counter
+    comps = result.config.components
+    evictions = tuple((c, t, counter.evictions[(c, t)], counter.evicted[(c, t)])
+                      for c in comps for t in (ev.TIER_DEVICE, ev.TIER_HOST))
+    moved = tuple((k, c, counter.moved[(k, c)]) for k in ("backup", "load_back") for c in comps)
+    lat = tuple(OpLatency(op, len(ns), _pctl(ns, 0.5), _pctl(ns, 0.99))
+                for op, ns in sorted(counter.op_ns.items()) if ns)
+    d = e.admitter
+    return Summary(
+        workload=result.spec.workload, preset=result.spec.preset_name(), components=comps,
+        write_policy=result.config.write_policy, requests=e.total, finished=len(e.done),
+        rejected=len(e.rejected), retractions=e.retractions, refusals=d.refusals,
+        steps=e.step_no, wall_s=result.wall_s, cache_s=result.cache.ns / 1e9,
+        hits=hit_rates(result), evictions=evictions,
+        backups=counter.transfers["backup"], load_backs=counter.transfers["load_back"],
+        moved=moved, latency=lat, verified_prefixes=d.verified, verified_tokens=d.verified_tokens,
+        budget_violations=len(d.budget_violations), checked=result.spec.check_invariants,
+        error=result.error, error_kind=result.error_kind, store=result.store,
+        bundles=tuple(str(p) for p in result.bundles))
+
+
+def format_summary(s: Summary) -> str:
+    """The table printed at the end of ``radixscope run``."""
+    share = 100.0 * s.cache_s / s.wall_s if s.wall_s else 0.0
+    lines = [
+        f"radixscope run: workload {s.workload}, preset {s.preset} "
+        f"({'+'.join(s.components)}), {s.write_policy}",
+        f"  requests     {s.finished} finished, {s.rejected} rejected of {s.requests}; "
+        f"{s.retractions} retracted; {s.refusals} admission refusals; {s.steps} steps",
+        f"  time         {s.wall_s:.2f} s, {s.requests_per_s:.1f} requests/s, "
+        f"{share:.0f}% inside cache calls",
+        "  hit rate     component    looked up      device        host        miss",
+    ]
+    for h in s.hits:
+        lines.append(f"               {h.component:<9}{h.looked_up:>10,} {h.unit:<6}"
+                     f"{h.pct(h.device):>6.1f}%{h.pct(h.host):>11.1f}%{h.pct(h.miss):>11.1f}%")
+    ev_parts = [f"{c}/{t} {n:,} ({slots:,} {'states' if c == 'mamba' else 'tokens'})"
+                for c, t, n, slots in s.evictions if n]
+    lines.append("  evictions    " + (", ".join(ev_parts) if ev_parts else "none"))
+    for kind, label, count in (("backup", "backups", s.backups),
+                               ("load_back", "load-backs", s.load_backs)):
+        parts = [f"{c} {n:,}" for k, c, n in s.moved if k == kind and n]
+        lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)} slots)" if parts
+                                                    else ""))
+    lines.append("  op latency   op              count    p50 us    p99 us")
+    for o in s.latency:
+        lines.append(f"               {o.op:<13}{o.count:>8,}{o.p50_us:>10.1f}{o.p99_us:>10.1f}")
+    lines.append(f"  content      {s.verified_prefixes:,} reused prefixes verified "
+                 f"({s.verified_tokens:,} tokens), "
+                 f"{'MISMATCH' if s.error_kind == 'content' else 'no mismatch'}")
+    lines.append(f"  budget       {s.budget_violations} admitted requests ran out of memory in "
+                 "their load-back or first chunk")
+    if s.error_kind == "invariant":
+        inv = "VIOLATED: " + (s.error or "")
+    elif s.checked:
+        inv = "ok (check() after every step)"
+    else:
+        inv = "not checked (use --check-invariants)"
+    lines.append(f"  invariants   {inv}")
+    if s.error is not None and s.error_kind != "invariant":
+        lines.append(f"  error        {s.error}")
+    if s.store:
+        lines.append(f"  store        {s.store} (radixscope ui {s.store})")
+    for b in s.bundles:
+        lines.append(f"  bundle       {b} (telemetry.bundle_reader.load_bundle; "
+                     "notebooks/postmortem.ipynb)")
+    return "\n".join(lines)
+
+
+__all__ = ["Summary", "HitRate", "OpLatency", "summarize", "format_summary", "hit_rates"]
