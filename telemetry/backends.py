@@ -10,7 +10,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -136,17 +135,22 @@ def span_exporters(spec: BackendSpec) -> list[SpanExporter]:
     return out
 
 
-def add_exporters(provider: TracerProvider, exporters: list[SpanExporter], spec: BackendSpec,
-                  health: Health) -> list[BoundedBatchSpanProcessor]:
-    """Attach each exporter to ``provider`` behind a guarded, bounded batch processor."""
-    procs = []
-    for exp in exporters:
-        p = BoundedBatchSpanProcessor(GuardedSpanExporter(exp, health), health,
+def batch_processors(exporters: list[SpanExporter], spec: BackendSpec,
+                     health: Health) -> list[BoundedBatchSpanProcessor]:
+    """One guarded, bounded batch processor per exporter."""
+    return [BoundedBatchSpanProcessor(GuardedSpanExporter(exp, health), health,
                                       max_queue_size=spec.span_queue,
                                       schedule_delay_s=spec.span_delay_s,
                                       max_export_batch_size=spec.span_batch)
+            for exp in exporters]
+
+
+def add_exporters(provider: TracerProvider, exporters: list[SpanExporter], spec: BackendSpec,
+                  health: Health) -> list[BoundedBatchSpanProcessor]:
+    """Attach each exporter to ``provider`` behind a guarded, bounded batch processor."""
+    procs = batch_processors(exporters, spec, health)
+    for p in procs:
         provider.add_span_processor(p)
-        procs.append(p)
     return procs
 
 
@@ -166,8 +170,5 @@ def metric_readers(spec: BackendSpec) -> list[MetricReader]:
 
 
 def build_tracer_provider(spec: BackendSpec) -> TracerProvider:
+    """A tracer provider with ``spec``'s resource and no processors yet."""
     return TracerProvider(resource=resource(spec))
-
-
-def build_meter_provider(spec: BackendSpec) -> MeterProvider:
-    return MeterProvider(metric_readers=metric_readers(spec), resource=resource(spec))

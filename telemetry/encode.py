@@ -5,7 +5,7 @@ thread replaces it with the parent span's ids here. Finished OTel spans (the hos
 e.g. an engine's request spans) become plain row tuples. Messages are plain tuples:
 
 - ``("attach", info, snapshot_dict)``
-- ``("ops", [compact op, ...], [mutation tuple, ...])``
+- ``("ops", op columns, mutation columns)`` (see ``compact_ops``)
 - ``("spans", [span row, ...])``
 - ``("event", ts_ns, seq, kind, attrs)``
 - ``("violation", ts_ns, seq, kind, message, details)``
@@ -15,16 +15,19 @@ e.g. an engine's request spans) become plain row tuples. Messages are plain tupl
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
+from opentelemetry.trace import propagation as _propagation
 
 from cache.events import OpRecord
 
 
 class CompactOp(NamedTuple):
-    """An op record with its context reduced to the parent span's ids (0 = no parent)."""
+    """An op record with its context reduced to the parent span's ids (0 = no parent).
+
+    Built in the sink by ``decode_ops`` from the columns ``compact_ops`` ships.
+    """
 
     op_id: int
     op: str
@@ -64,42 +67,70 @@ class SpanRow(NamedTuple):
 _NO_PARENT = (0, 0, 0, False)
 
 
-def compact_ops(batch: Iterable[tuple[OpRecord, list]]) -> tuple[list[CompactOp], list[tuple]]:
-    """Reduce a drained batch to compact ops and one flat list of mutations.
+def compact_ops(batch: list[tuple[OpRecord, list]]) -> tuple:
+    """Encode a drained batch as the ``("ops", op_columns, mutation_columns)`` message.
 
-    Consecutive ops usually share one ``Context`` object (the caller's current context does not
-    change between calls), so the parent lookup is done once per distinct context.
+    Columns, not rows: ``zip(*...)`` transposes in C, so no per-op tuple is built here, and a
+    pickled column costs less than the same values spread over many small tuples. The op
+    columns are ``OpRecord``'s fields with ``context`` replaced by the parent span's ids
+    ``(trace_id, span_id, flags, is_remote)`` (consecutive ops usually share one ``Context``
+    object, so each distinct one is resolved once). ``decode_ops`` restores rows.
 
     Args:
-        batch: ``(OpRecord, mutations)`` pairs as recorded.
+        batch: ``(OpRecord, mutations)`` pairs as recorded (non-empty).
 
     Returns:
-        ``(ops, mutations)`` in recording order.
+        The message tuple.
     """
-    ops: list[CompactOp] = []
-    muts: list[tuple] = []
-    last_ctx: Any = None
+    records, mut_lists = zip(*batch, strict=True)
+    cols = list(zip(*records, strict=True))
+    parents = []
+    last_ctx: Any = _UNSET
     parent = _NO_PARENT
-    for op, ms in batch:
-        ctx = op.context
-        if ctx is not last_ctx:
+    by_span: dict[int, tuple[int, int, int, bool]] = {}
+    for ctx in cols[_CTX]:
+        if ctx is not last_ctx:  # a new context object, often around the same span
             last_ctx = ctx
-            parent = _parent_of(ctx)
-        ops.append(CompactOp(op.op_id, op.op, op.start_ns, op.end_ns, op.req_id, parent[0],
-                             parent[1], parent[2], parent[3], op.seq_first, op.seq_last,
-                             op.attrs if op.attrs is not None else {}, op.error))
-        if ms:
-            muts.extend(ms)
-    return ops, muts
+            span = _span_in(ctx)
+            parent = by_span.get(id(span)) if span is not None else _NO_PARENT
+            if parent is None:
+                parent = by_span[id(span)] = _ids_of(span)
+        parents.append(parent)
+    cols[_CTX] = parents
+    muts = [m for ms in mut_lists if ms for m in ms]
+    return ("ops", cols, list(zip(*muts, strict=True)) if muts else [])
 
 
-def _parent_of(ctx: Any) -> tuple[int, int, int, bool]:
+def decode_ops(op_cols: list, mut_cols: list) -> tuple[list[CompactOp], list[tuple]]:
+    """Rows back from ``compact_ops``' columns: compact ops and mutation tuples."""
+    ops = [CompactOp(oid, name, start, end, req, par[0], par[1], par[2], par[3], sf, sl,
+                     attrs if attrs is not None else {}, err)
+           for oid, name, start, end, req, par, sf, sl, attrs, err in zip(*op_cols, strict=True)]
+    return ops, list(zip(*mut_cols, strict=True))
+
+
+_UNSET = object()
+_CTX = OpRecord._fields.index("context")
+
+
+def _span_in(ctx: Any) -> Any:
+    """The current span stored in a ``Context`` (None if none): a dict lookup, avoiding
+    ``trace.get_current_span``'s ABC isinstance check on this per-op path."""
     if ctx is None:
-        return _NO_PARENT
-    sc = trace.get_current_span(ctx).get_span_context()
-    if not sc.is_valid:
+        return None
+    if _SPAN_KEY is None:
+        return trace.get_current_span(ctx)
+    return ctx.get(_SPAN_KEY)
+
+
+def _ids_of(span: Any) -> tuple[int, int, int, bool]:
+    sc = span.get_span_context()
+    if sc is None or not sc.is_valid:
         return _NO_PARENT
     return (sc.trace_id, sc.span_id, int(sc.trace_flags), bool(sc.is_remote))
+
+
+_SPAN_KEY = getattr(_propagation, "_SPAN_KEY", None)  # the API's context key of the span
 
 
 def span_row(span: Any, op_id: int | None = None) -> SpanRow:
@@ -143,11 +174,18 @@ def span_row(span: Any, op_id: int | None = None) -> SpanRow:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=repr, ensure_ascii=False)
+# ``JSONEncoder.encode`` builds a C encoder on every call (about as costly as encoding a small
+# tuple); build it once. Same output as ``_ENCODER.encode``; the pure-Python path is the fallback.
+_C_ENCODE = (json.encoder.c_make_encoder(None, repr, json.encoder.encode_basestring, None, ":",
+                                         ",", False, False, True)
+             if json.encoder.c_make_encoder is not None else None)
 
 
 def dumps(value: Any) -> str:
     """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``."""
-    return _ENCODER.encode(value)
+    if _C_ENCODE is None or isinstance(value, str):
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 
 def hex_ids(trace_id: int, span_id: int) -> tuple[str | None, str | None]:

@@ -6,11 +6,13 @@ cache anything. It also keeps each pool's evictable / protected / in-flight coun
 (the same derivation ``SnapshotBuilder.snapshot`` does by a full scan), which is what the OTel
 gauges and the store's metric samples read. Mutations must arrive in seq order; a late one is
 skipped and a gap (records dropped upstream) is counted and remembered, since no state after it
-can be rebuilt exactly.
+can be rebuilt exactly: the replica then stops (``broken``), while the mutations themselves are
+still accepted for the store.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 from cache import events as ev
@@ -32,18 +34,27 @@ class Journal:
         self.health = health
         self.builder = SnapshotBuilder(start)
         self.components = start.components
+        self._ci = {c: i for i, c in enumerate(start.components)}
         self.gaps: list[tuple[int, int]] = []  # (last seq before, first seq after)
         self.applied = 0
-        self.capacity: dict[PoolKey, int] = {(p.component, p.tier): p.capacity
-                                             for p in start.pools}
+        self.last_seq = start.seq
+        self.broken = False  # after a gap the replica stops; keyframes and samples stop with it
+        order = {c: i for i, c in enumerate(start.components)}
+        pools = sorted(start.pools, key=lambda p: (order[p.component], p.tier != ev.TIER_DEVICE))
+        self.capacity: dict[PoolKey, int] = {(p.component, p.tier): p.capacity for p in pools}
         self.available: dict[PoolKey, int] = {(p.component, p.tier): p.available
                                               for p in start.pools}
         self.evictable: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
         self.protected: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
         self.in_flight: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
+        self._dkey = {c: (c, ev.TIER_DEVICE) if (c, ev.TIER_DEVICE) in self.capacity else None
+                      for c in self.components}
+        self._hkey = {c: (c, ev.TIER_HOST) if (c, ev.TIER_HOST) in self.capacity else None
+                      for c in self.components}
         for nid, rec in self.builder.nodes.items():
-            for ci in range(len(self.components)):
-                self._count(nid, rec, ci, +1)
+            if nid != 0:
+                for c, st in zip(self.components, rec[5], strict=True):
+                    self._delta(c, st, +1)
         for t in self.builder.transfers.values():
             self._transfer(t.tier, t.amounts, +1)
 
@@ -51,7 +62,7 @@ class Journal:
     def seq(self) -> int:
         return self.builder.seq
 
-    def accept(self, mutations: Iterable[tuple]) -> list[tuple]:
+    def accept(self, mutations: list[tuple]) -> list[tuple]:
         """Apply mutations in seq order and return those accepted (late ones are skipped).
 
         Args:
@@ -60,25 +71,54 @@ class Journal:
         Returns:
             The accepted mutations, sorted by seq, for the store to write.
         """
-        ms = sorted(mutations, key=_seq_of)
+        ms = sorted(mutations, key=_SEQ)
         out: list[tuple] = []
         for m in ms:
             seq = m[0]
-            last = self.builder.seq
-            if seq <= last:
-                self.health.note("late_mutations")
-                continue
+            last = self.last_seq
             if seq != last + 1:
+                if seq <= last:
+                    self.health.note("late_mutations")
+                    continue
                 self.gaps.append((last, seq))
                 self.health.note("journal_gaps")
-            self._apply(m)
+                self.broken = True  # the replica cannot follow a journal with holes
+            self.last_seq = seq
             out.append(m)
-        self.applied += len(out)
+            if not self.broken:
+                try:
+                    self._apply(m)
+                except Exception as e:  # noqa: BLE001 - guard point: stop replaying, keep storing
+                    self.broken = True
+                    self.health.fail("journal.replay", e, f"mutation {seq} ({m[2]})")
+        if not self.broken:
+            self.applied += len(out)
         return out
 
     def snapshot(self) -> CacheSnapshot:
         """The replayed state at ``self.seq``."""
         return self.builder.snapshot()
+
+    def keyframe_dict(self) -> dict:
+        """``self.snapshot().to_dict()``, built straight from the replica and the ledgers
+        (no frozen snapshot, no per-pool scan of every node): what a keyframe stores."""
+        b = self.builder
+        order = {c: i for i, c in enumerate(self.components)}
+        return {
+            "seq": b.seq,
+            "page_size": b.page_size,
+            "components": list(self.components),
+            "nodes": [[nid, r[0], r[1], list(r[2]), r[3], r[4], [list(c) for c in r[5]]]
+                      for nid, r in sorted(b.nodes.items())],
+            "pools": [list(p) for p in self.pools()],
+            "locks": [[rid, owner, anchor, tier,
+                       [[c, list(ids)] for c, ids in sorted(pins.items(),
+                                                           key=lambda kv: order[kv[0]])]]
+                      for rid, (owner, anchor, tier, pins) in sorted(b.locks.items())],
+            "transfers": [[t.transfer_id, t.kind, t.anchor, t.tier, list(t.node_ids),
+                           [[c, a] for c, a in t.amounts]]
+                          for _, t in sorted(b.transfers.items())],
+        }
 
     def pools(self) -> list[tuple[str, str, int, int, int, int, int]]:
         """``(component, tier, capacity, available, evictable, protected, in_flight)`` per pool."""
@@ -87,31 +127,35 @@ class Journal:
 
     # ---- incremental ledgers ----------------------------------------------------------------
     def _apply(self, m: tuple) -> None:
-        _seq, _op, kind, node, comp, tier, value = m
+        seq, _op, kind, node, comp, tier, value = m
         b = self.builder
         nodes = b.nodes
-        if kind == ev.COMP_STATE:
-            ci = b._ci[comp]
-            self._count(node, nodes[node], ci, -1)
-            b.apply(m)
-            self._count(node, nodes[node], ci, +1)
+        if kind == ev.COMP_STATE:  # the most frequent kind: applied here, as the builder would
+            states = nodes[node][5]
+            ci = self._ci[comp]
+            if node != 0:
+                self._delta(comp, states[ci], -1)
+                self._delta(comp, value, +1)
+            states[ci] = list(value)
+            b.seq = seq
+        elif kind == ev.POOL_AVAILABLE:
+            b.pools[(comp, tier)][1] = value
+            self.available[(comp, tier)] = value
+            b.seq = seq
         elif kind in (ev.LOCK_ACQUIRE, ev.LOCK_RELEASE):
             pins = value[2] if kind == ev.LOCK_ACQUIRE else value[1]
-            touched = [(nid, b._ci[c]) for c, ids in pins for nid in ids]
-            for nid, ci in touched:
-                self._count(nid, nodes[nid], ci, -1)
+            touched = [(nid, c, self._ci[c]) for c, ids in pins for nid in ids if nid != 0]
+            for nid, c, ci in touched:
+                self._delta(c, nodes[nid][5][ci], -1)
             b.apply(m)
-            for nid, ci in touched:
-                self._count(nid, nodes[nid], ci, +1)
+            for nid, c, ci in touched:
+                self._delta(c, nodes[nid][5][ci], +1)
         elif kind == ev.NODE_DELETE:
             rec = nodes.get(node)
-            if rec is not None:
-                for ci in range(len(self.components)):
-                    self._count(node, rec, ci, -1)
+            if rec is not None and node != 0:
+                for c, st in zip(self.components, rec[5], strict=True):
+                    self._delta(c, st, -1)
             b.apply(m)
-        elif kind == ev.POOL_AVAILABLE:
-            b.apply(m)
-            self.available[(comp, tier)] = value
         elif kind == ev.TRANSFER_START:
             b.apply(m)
             self._transfer(tier, value[3], +1)
@@ -123,21 +167,17 @@ class Journal:
         else:
             b.apply(m)
 
-    def _count(self, nid: int, rec: list, ci: int, sign: int) -> None:
-        if nid == 0:
-            return
-        dev, host, lock_ref, host_ref = rec[5][ci]
-        comp = self.components[ci]
+    def _delta(self, comp: str, state, sign: int) -> None:
+        """Add (``sign=+1``) or remove one node-component state's slots to the ledgers."""
+        dev, host, lock_ref, host_ref = state
         if dev is not None:
-            key = (comp, ev.TIER_DEVICE)
-            if key in self.capacity:
-                led = self.protected if lock_ref > 0 else self.evictable
-                led[key] += sign * dev
+            key = self._dkey[comp]
+            if key is not None:
+                (self.protected if lock_ref > 0 else self.evictable)[key] += sign * dev
         if host is not None:
-            key = (comp, ev.TIER_HOST)
-            if key in self.capacity:
-                led = self.protected if host_ref > 0 else self.evictable
-                led[key] += sign * host
+            key = self._hkey[comp]
+            if key is not None:
+                (self.protected if host_ref > 0 else self.evictable)[key] += sign * host
 
     def _transfer(self, tier: str, amounts: Iterable, sign: int) -> None:
         for c, a in amounts:
@@ -146,5 +186,4 @@ class Journal:
                 self.in_flight[key] += sign * a
 
 
-def _seq_of(m: tuple) -> int:
-    return m[0]
+_SEQ = operator.itemgetter(0)

@@ -52,7 +52,7 @@ ATTR_ERROR_TYPE = "error.type"  # OTel semantic convention; set when the op rais
 ATTR_COMPONENT = "kv_cache.component"
 ATTR_TIER = "kv_cache.tier"
 ATTR_NODE_ID = "kv_cache.node.id"
-ATTR_NODE_IDS = "kv_cache.node.ids"
+ATTR_NODE_COUNT = "kv_cache.node.count"  # lock: nodes skipped; evict: evicted; transfer: copied
 ATTR_KEY_TOKENS = "kv_cache.key.tokens"
 ATTR_EXTRA_KEY = "kv_cache.key.extra"
 ATTR_TREE_SPLITS = "kv_cache.tree.splits"
@@ -68,6 +68,8 @@ ATTR_LOCK_OWNER = "kv_cache.lock.owner"
 ATTR_REQUESTED_TOKENS = "kv_cache.requested_tokens"
 ATTR_EVICT_FREED_TOKENS = "kv_cache.evict.freed_tokens"
 ATTR_EVICT_FREED_PREFIX = "kv_cache.evict.freed"  # namespace: kv_cache.evict.freed.<component>
+ATTR_LOAD_BACK_LOADED_PREFIX = "kv_cache.load_back.loaded"  # namespace: .<component>
+ATTR_TRANSFER_SLOTS_PREFIX = "kv_cache.transfer.slots"  # namespace: .<component>
 ATTR_TOKENS = "kv_cache.tokens"
 ATTR_BYTES = "kv_cache.bytes"
 ATTR_TRANSFER_ID = "kv_cache.transfer.id"
@@ -93,7 +95,7 @@ OP_ATTRIBUTES: dict[str, str] = {
     ev.A_FREED_TOKENS: ATTR_EVICT_FREED_TOKENS,
     ev.A_FREED: ATTR_EVICT_FREED_PREFIX,
     ev.A_REQUESTED: ATTR_REQUESTED_TOKENS,
-    ev.A_NODES: ATTR_NODE_IDS,
+    ev.A_NODES: ATTR_NODE_COUNT,
     ev.A_TOKENS: ATTR_TOKENS,
     ev.A_BYTES: ATTR_BYTES,
     ev.A_TRANSFER: ATTR_TRANSFER_ID,
@@ -104,7 +106,14 @@ OP_ATTRIBUTES: dict[str, str] = {
     ev.A_EXTRA_KEY: ATTR_EXTRA_KEY,
     ev.A_COMPONENT: ATTR_COMPONENT,
 }
-DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX})  # mapped names that are namespaces
+# Where one key means different things per op, the op's own name wins.
+OP_ATTRIBUTE_OVERRIDES: dict[tuple[str, str], str] = {
+    (ev.OP_LOAD_BACK, ev.A_FREED): ATTR_LOAD_BACK_LOADED_PREFIX,
+    (ev.OP_TRANSFER, ev.A_FREED): ATTR_TRANSFER_SLOTS_PREFIX,
+}
+# mapped names that are namespaces: a per-component dict becomes ``<name>.<component>``
+DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX, ATTR_LOAD_BACK_LOADED_PREFIX,
+                             ATTR_TRANSFER_SLOTS_PREFIX})
 
 # ---- link attributes (transfer span -> enqueuing op span) ------------------------------------
 LINK_ATTR_OP_ID = ATTR_OP_ID
@@ -168,6 +177,22 @@ DURATION_BUCKETS_S = (2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 
 EVENT_ADMISSION = "admission"
 
 
+def attribute_name(op: str, key: str) -> str:
+    """The span attribute an op record's ``attrs[key]`` becomes.
+
+    Args:
+        op: the op name.
+        key: an ``events.A_*`` key (or any other key the cache adds).
+
+    Returns:
+        The mapped name; ``kv_cache.attr.<key>`` for keys this version does not know.
+    """
+    name = OP_ATTRIBUTE_OVERRIDES.get((op, key)) or OP_ATTRIBUTES.get(key)
+    if name is not None:
+        return name
+    return f"{ATTR_OTHER_PREFIX}." + "".join(c if c.isalnum() else "_" for c in key.lower())
+
+
 def span_name(op: str) -> str:
     """The span name of a cache operation.
 
@@ -188,8 +213,9 @@ def all_span_names() -> tuple[str, ...]:
 def all_attribute_names() -> tuple[str, ...]:
     """Every span attribute name (namespaces of dict attributes listed with a ``.<component>``
     suffix as documented), for docs and tests."""
-    fixed = {ATTR_OP_ID, ATTR_OP_MUTATIONS, ATTR_SEQ, ATTR_REQUEST_ID, ATTR_ERROR_TYPE, ATTR_TIER}
-    mapped = {n for n in OP_ATTRIBUTES.values() if n not in DICT_ATTRIBUTES}
+    fixed = {ATTR_OP_ID, ATTR_OP_MUTATIONS, ATTR_SEQ, ATTR_REQUEST_ID, ATTR_ERROR_TYPE}
+    mapped = {n for n in (*OP_ATTRIBUTES.values(), *OP_ATTRIBUTE_OVERRIDES.values())
+              if n not in DICT_ATTRIBUTES}
     dicts = {f"{n}.<component>" for n in DICT_ATTRIBUTES}
     return tuple(sorted(fixed | mapped | dicts | {f"{ATTR_OTHER_PREFIX}.<key>"}))
 

@@ -1,6 +1,7 @@
 """The drain thread: moves recorded batches from the recorder to a transport, off the hot path.
 
-Every ``interval_s`` (or at once when the recorder's ``wake`` event is set) it takes the pending
+Every ``min_interval_s`` while busy, backing off to ``interval_s`` when idle (or at once when
+the recorder's ``wake`` event is set), it takes the pending
 op records and side messages, turns them into compact messages (``telemetry/encode.py``: the
 caller's OTel context becomes parent span ids here), hands them to the transport (the writer
 process, or the sink inline) and copies the batch into the flight-recorder rings. ``flush`` and
@@ -37,19 +38,23 @@ class Pipeline:
         recorder: the recorder the cache appends to.
         transport: where messages go.
         health: host-side counters (shipped to the sinks as ``host_stats``).
-        interval_s: drain period.
+        interval_s: longest drain period (when idle).
+        min_interval_s: drain period while records keep coming.
         batch_max: most op records per message batch.
     """
 
     def __init__(self, recorder: TelemetryRecorder, transport: Transport, health: Health,
-                 interval_s: float = 0.02, batch_max: int = 4096) -> None:
-        if interval_s <= 0 or batch_max < 1:
+                 interval_s: float = 0.05, batch_max: int = 4096,
+                 min_interval_s: float = 0.005) -> None:
+        min_interval_s = min(min_interval_s, interval_s)
+        if interval_s <= 0 or batch_max < 1 or min_interval_s <= 0:
             raise ValueError(f"bad drain settings: interval_s={interval_s!r} "
-                             f"batch_max={batch_max!r}")
+                             f"min_interval_s={min_interval_s!r} batch_max={batch_max!r}")
         self.recorder = recorder
         self.transport = transport
         self.health = health
         self.interval_s = interval_s
+        self.min_interval_s = min_interval_s
         self.batch_max = batch_max
         self.cycles = 0
         self.last_stats: dict = {}
@@ -63,14 +68,19 @@ class Pipeline:
 
     def _run(self) -> None:
         wake = self.recorder.wake
+        sleep = self.min_interval_s
         while not self._stop:
-            wake.wait(self.interval_s)
+            wake.wait(sleep)
             wake.clear()
             if self._stop:
                 break
-            with self._lock:
+            shipped = 0
+            with self._lock, self.health.guard("drain.cycle"):
                 if not self._closed:
-                    self._drain()
+                    shipped = self._drain()
+            # busy: come back soon, so records die young (before the garbage collector's
+            # older generations see them); idle: back off to ``interval_s``
+            sleep = self.min_interval_s if shipped else min(self.interval_s, sleep * 2)
 
     def _drain(self) -> int:
         """Ship everything pending. Caller holds ``self._lock``. Returns op records shipped."""
@@ -94,10 +104,16 @@ class Pipeline:
     def _ship(self, side: list[tuple], batch: list) -> None:
         msgs: list[tuple] = []
         spans: list = []
+        bad = 0
         try:
             for m in side:
                 if m[0] == "span":
-                    spans.append(span_row(m[1]))
+                    try:
+                        spans.append(span_row(m[1]))
+                    except Exception as e:  # noqa: BLE001 - guard point: one bad span
+                        self.health.fail("drain.span_row", e)
+                        self.health.drop(DROP_SPAN)
+                        bad += 1
                 elif m[0] == "attach":
                     msgs.append(("attach", m[1], m[2].to_dict()))
                 else:
@@ -105,15 +121,14 @@ class Pipeline:
             if spans:
                 msgs.append(("spans", spans))
             if batch:
-                ops, muts = compact_ops(batch)
-                msgs.append(("ops", ops, muts))
-                self.recorder.last_seq = max(self.recorder.last_seq, ops[-1].seq_last)
+                msgs.append(compact_ops(batch))
+                self.recorder.last_seq = max(self.recorder.last_seq, batch[-1][0].seq_last)
             self.transport.send(msgs)
         except Exception as e:  # noqa: BLE001 - guard point: count what is lost
             self.health.fail("drain", e, f"{len(batch)} ops, {len(side)} side messages")
             self.health.drop(DROP_OP, len(batch))
             self.health.drop(DROP_MUTATION, sum(len(ms) for _op, ms in batch))
-            self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span"))
+            self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span") - bad)
             self.health.drop(DROP_EVENT, sum(1 for m in side if m[0] in ("event", "violation")))
         with self.health.guard("drain.remember"):
             self.recorder.remember(batch)

@@ -15,7 +15,9 @@ drops; ``overflow="drop"`` drops at once. Every dropped op and mutation is count
 from __future__ import annotations
 
 import collections
+import os
 import threading
+import weakref
 from typing import Any
 
 from cache.events import FlightRecorder, Mutation, OpRecord
@@ -32,14 +34,18 @@ class TelemetryRecorder(FlightRecorder):
         queue_capacity: pending records (ops) held before the overflow policy applies.
         overflow: ``"block"`` or ``"drop"`` (see the module docstring).
         block_timeout_s: longest a blocked ``record`` waits for room before dropping.
-        ring_capacity: op records kept in the flight-recorder ring for crash bundles.
+        ring_capacity: op records kept in the flight-recorder ring (and 4x as many mutations)
+            for crash bundles; 0 (the default) keeps none. Off by default: every record a ring
+            retains is promoted to the garbage collector's oldest generation and brings the
+            next full collection (a scan of the whole heap, on the cache's thread) closer, and
+            the store keeps everything anyway.
         capture_context: ask the cache to capture the caller's OTel context per op.
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
-                 block_timeout_s: float = 2.0, ring_capacity: int = 65536,
+                 block_timeout_s: float = 2.0, ring_capacity: int = 0,
                  capture_context: bool = True) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
@@ -47,7 +53,10 @@ class TelemetryRecorder(FlightRecorder):
             raise ValueError(f"queue_capacity={queue_capacity!r}: must be >= 1")
         if block_timeout_s < 0:
             raise ValueError(f"block_timeout_s={block_timeout_s!r}: must be >= 0")
-        super().__init__(capacity=ring_capacity, capture_context=capture_context)
+        if ring_capacity < 0:
+            raise ValueError(f"ring_capacity={ring_capacity!r}: must be >= 0")
+        super().__init__(capacity=max(1, ring_capacity), capture_context=capture_context)
+        self.ring_capacity = ring_capacity
         self.health = health
         self.queue_capacity = queue_capacity
         self.overflow = overflow
@@ -59,6 +68,9 @@ class TelemetryRecorder(FlightRecorder):
         self.last_seq = -1  # highest seq the drain thread has seen
         self._room = threading.Event()
         self.wake = threading.Event()  # set to make the drain thread run now
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     # ---- the cache-facing interface -------------------------------------------------------
     def attach(self, info: dict, snapshot: Any) -> None:
@@ -117,10 +129,16 @@ class TelemetryRecorder(FlightRecorder):
         return [q.popleft() for _ in range(min(limit, len(q)))]
 
     def remember(self, batch: list[tuple[OpRecord, list]]) -> None:
-        """Copy a shipped batch into the flight-recorder rings (drain thread)."""
+        """Copy a shipped batch into the flight-recorder rings (drain thread). The caller's
+        context is dropped (it keeps the caller's spans alive and the record GC-tracked)."""
+        if not self.ring_capacity:
+            return
+        cap = self.ops.maxlen or len(batch)
+        recent = batch[-cap:]
         with self._lock:
-            for op, muts in batch:
-                self.ops.append(op)
+            for op, _muts in recent:
+                self.ops.append(op._replace(context=None) if op.context is not None else op)
+            for _op, muts in batch[-self.mutations.maxlen:] if self.mutations.maxlen else batch:
                 if muts:
                     self.mutations.extend(muts)
 
@@ -136,9 +154,24 @@ class TelemetryRecorder(FlightRecorder):
             ops = ops[-n_ops:]
         return ops, muts
 
+    def forked(self) -> None:
+        """In a forked child there is no drain thread: drop (and count) instead of queueing
+        or blocking."""
+        self.closed = True
+        self.queue_capacity = 0
+        self.overflow = "drop"
+        self.pending.clear()
+        self.side.clear()
+
     def current_seq(self) -> int:
         """Best known latest seq: the newest pending op's, else the last drained one."""
         try:
             return max(self.last_seq, self.pending[-1][0].seq_last)
         except IndexError:
             return self.last_seq
+
+
+def _forked(ref: weakref.ref) -> None:
+    rec = ref()
+    if rec is not None:
+        rec.forked()

@@ -1,30 +1,29 @@
 """The sinks, composed: spans, metrics and the store, all fed from one message stream.
 
-``Sink.handle`` takes a batch of messages (see ``telemetry/encode.py``), builds a span per op,
+``Sink.handle`` takes a batch of messages (see ``telemetry/encode.py``), gives each op its span,
 updates the metrics, replays the mutations into its ``Journal``, writes everything to the store
-and commits once, adding a keyframe every ``keyframe_every`` mutations and a metric sample every
-``sample_every_ms`` of cache time. The same class runs in the writer process (process mode) or on
-the drain thread (inline mode). Each step is guarded: a failure is logged and counted.
+and commits once, adding a keyframe every ``keyframe_every`` mutations and a pool sample every
+``sample_every_ms`` of cache time. The same class runs in the writer process (process mode) or
+on the drain thread (inline mode). Each step is guarded: a failure is logged and counted.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 
 from cache.snapshot import CacheSnapshot
-from telemetry.encode import CompactOp, SpanRow, span_row
+from telemetry.encode import CompactOp, SpanRow, decode_ops, span_row
 from telemetry.health import Health, merge_stats
 from telemetry.journal import Journal
 from telemetry.metrics import CacheMetrics
-from telemetry.names import EVENT_ADMISSION
-from telemetry.spans import SpanBuilder
+from telemetry.names import EVENT_ADMISSION, INSTRUMENTATION_SCOPE
+from telemetry.spans import NO_IDS, DirectSpans, Ids, TracerSpans
 from telemetry.store_writer import StoreWriter
-
-_NO_IDS = (None, None, None)
 
 
 class Sink:
@@ -33,39 +32,50 @@ class Sink:
     Args:
         health: this side's counters.
         store: the store writer, or None (no store).
-        tracer_provider: provider cache spans are built on, or None (no spans).
+        spans: the span builder (``TracerSpans`` / ``DirectSpans``), or None (no spans).
         meter_provider: provider of the instruments, or None (no metrics).
+        span_processors: with ``DirectSpans``, processors that receive the exported spans.
         keyframe_every: mutations between keyframes.
-        sample_every_ms: cache time between metric samples in the store.
-        flush_hook: called by ``flush`` (e.g. force-flushing the providers).
+        sample_every_ms: cache time between pool samples in the store.
+        flush_hook: called by ``flush`` (e.g. force-flushing providers).
+        resource: attributes of the resource the cache's spans carry (stored in ``info``).
     """
 
     def __init__(self, health: Health, store: StoreWriter | None,
-                 tracer_provider: trace.TracerProvider | None,
-                 meter_provider: metrics.MeterProvider | None, keyframe_every: int = 5000,
+                 spans: TracerSpans | DirectSpans | None,
+                 meter_provider: metrics.MeterProvider | None,
+                 span_processors: Sequence[Any] = (), keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0,
-                 flush_hook: Callable[[], None] | None = None) -> None:
+                 flush_hook: Callable[[], None] | None = None,
+                 resource: dict | None = None) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
         self.health = health
         self.store = store
-        self.spans = SpanBuilder(tracer_provider) if tracer_provider is not None else None
+        self.spans = spans
         self.metrics = (CacheMetrics(meter_provider, self.stats)
                         if meter_provider is not None else None)
+        self.span_processors = list(span_processors)
         self.journal: Journal | None = None
         self.keyframe_every = keyframe_every
         self.sample_every_ns = int(sample_every_ms * 1e6)
         self.host_stats: dict = {}
+        self.ops_seen = 0
+        self.closed = False
         self._flush_hook = flush_hook
         self._span_q: collections.deque = collections.deque()
         self._kf_at = 0
         self._sample_ns = 0
         self._last_end_ns = 0
-        self.ops_seen = 0
+        self._final: dict = {}
+        self._resource = dict(resource or {})
 
-    def put_span(self, span: object) -> None:
-        """Queue a finished SDK span for the store (thread-safe; the span processor's hook)."""
-        self._span_q.append(span)
+    def put_span(self, span: Any) -> None:
+        """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
+        The cache's own spans are skipped: their op rows already carry them."""
+        scope = span.instrumentation_scope
+        if scope is None or scope.name != INSTRUMENTATION_SCOPE:
+            self._span_q.append(span)
 
     def stats(self) -> dict:
         """Host-side and sink-side health merged."""
@@ -74,11 +84,13 @@ class Sink:
     # ---- message handling ------------------------------------------------------------------
     def handle(self, messages: Iterable[tuple]) -> None:
         """Process a batch of messages and commit the store once."""
+        if self.closed:
+            return
         for msg in messages:
             kind = msg[0]
             with self.health.guard(f"sink.{kind}"):
                 if kind == "ops":
-                    self._ops(msg[1], msg[2])
+                    self._ops(*decode_ops(msg[1], msg[2]))
                 elif kind == "spans":
                     if self.store is not None:
                         self.store.write_spans(msg[1])
@@ -93,19 +105,22 @@ class Sink:
                     self.host_stats = msg[1]
                 else:
                     raise ValueError(f"unknown telemetry message kind {kind!r}")
+        self._export_spans()
         self._drain_spans()
         if self.store is not None:
             with self.health.guard("store.commit"):
                 self.store.commit()
 
     def _attach(self, info: dict, snapshot: dict) -> None:
+        if self.journal is not None:
+            raise RuntimeError("a second cache attached to the same telemetry; ignored")
         snap = CacheSnapshot.from_dict(snapshot)
         self.journal = Journal(snap, self.health)
         if self.metrics is not None:
             self.metrics.journal = self.journal
-        self._kf_at = 0
         if self.store is not None:
             self.store.set_info("cache", info)
+            self.store.set_info("resource", self._resource)
             self.store.write_keyframe(snap.seq, snapshot)
             self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
 
@@ -115,7 +130,7 @@ class Sink:
         self.ops_seen += len(ops)
         if ops:
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
-        ids = [self._span(op) for op in ops] if self.spans is not None else [_NO_IDS] * len(ops)
+        ids = [self._span(op) for op in ops] if self.spans is not None else [NO_IDS] * len(ops)
         if self.metrics is not None:
             with self.health.guard("metrics"):
                 self.metrics.observe_ops(ops)
@@ -124,22 +139,30 @@ class Sink:
             return
         self.store.write_ops(ops, ids)
         self.store.write_mutations(accepted)
-        if j is None:
+        if j is None or j.broken:
             return
         if j.applied - self._kf_at >= self.keyframe_every:
             with self.health.guard("keyframe"):
                 self._kf_at = j.applied
-                self.store.write_keyframe(j.seq, j.snapshot().to_dict())
+                self.store.write_keyframe(j.seq, j.keyframe_dict())
         if self._last_end_ns - self._sample_ns >= self.sample_every_ns:
             self._sample_ns = self._last_end_ns
             self.store.write_metrics(j.seq, self._last_end_ns, j.pools())
 
-    def _span(self, op: CompactOp) -> tuple[str | None, str | None, str | None]:
+    def _span(self, op: CompactOp) -> Ids:
         try:
             return self.spans.build(op)
         except Exception as e:  # noqa: BLE001 - guard point: log + count, keep the op row
             self.health.fail("span_build", e, f"op {op.op_id} ({op.op})")
-            return _NO_IDS
+            return NO_IDS
+
+    def _export_spans(self) -> None:
+        if not isinstance(self.spans, DirectSpans) or not self.spans.pending:
+            return
+        for span in self.spans.take():
+            for proc in self.span_processors:
+                with self.health.guard("span_export"):
+                    proc.on_end(span)
 
     def _event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
         if kind == EVENT_ADMISSION and self.metrics is not None:
@@ -162,7 +185,13 @@ class Sink:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def flush(self) -> dict:
-        """Flush providers, write final samples and stats, commit. Returns merged stats."""
+        """Flush providers, write a final pool sample and the stats, commit.
+
+        Returns:
+            This side's own health snapshot (the host merges it with its own).
+        """
+        if self.closed:
+            return self._final
         if self._flush_hook is not None:
             with self.health.guard("flush_hook"):
                 self._flush_hook()
@@ -171,18 +200,22 @@ class Sink:
             with self.health.guard("store.flush"):
                 j = self.journal
                 if j is not None:
-                    self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
-                                             j.pools())
+                    if not j.broken:
+                        self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
+                                                 j.pools())
                     self.store.set_info("gaps", j.gaps)
-                    self.store.set_info("last_seq", j.seq)
+                    self.store.set_info("last_seq", j.last_seq)
                 self.store.set_info("stats", self.stats())
                 self.store.commit()
-        return self.stats()
+        return self.health.snapshot()
 
     def close(self) -> dict:
-        """Final flush, then close the store. Returns the final merged stats."""
-        stats = self.flush()
+        """Final flush, then close the store. Idempotent. Returns ``flush``'s snapshot."""
+        if self.closed:
+            return self._final
+        self._final = self.flush()
+        self.closed = True
         if self.store is not None:
             with self.health.guard("store.close"):
                 self.store.close()
-        return stats
+        return self._final

@@ -1,19 +1,30 @@
-"""Builds one OpenTelemetry span per cache operation, off the cache's hot path.
+"""One OpenTelemetry span per cache operation, made off the cache's hot path.
 
-Spans are made with the real times the cache measured (``start_time`` / ``end(end_time)``),
-parented on the caller's span captured at call time (its ids arrive in the ``CompactOp``), and,
-for asynchronous transfers, *linked* to the span of the op that enqueued them (its context is
-remembered here by op id). Attribute names come from ``telemetry.names``.
+Every span has the real times the cache measured, is parented on the caller's span captured at
+call time (its ids arrive in the ``CompactOp``) and, for an asynchronous transfer, is *linked* to
+the span of the op that enqueued it. Names come from ``telemetry.names``. Two builders:
+
+- ``TracerSpans`` (inline mode) goes through a tracer provider's ``start_span`` /
+  ``end(end_time)``, so the provider's sampler and processors (an ``InMemorySpanExporter``...)
+  see the spans exactly as they see any other.
+- ``DirectSpans`` (the writer process) assigns the span ids itself (random, like the SDK's
+  ``RandomIdGenerator``; an op under an unsampled parent is not sampled) and materialises SDK
+  ``ReadableSpan`` objects only when an exporter (OTLP, console) is configured. The store needs
+  no span objects: an op's row carries its span's ids and the reader renders it as a span.
 """
 
 from __future__ import annotations
 
 import collections
+import random
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
@@ -23,12 +34,16 @@ from telemetry.encode import CompactOp
 
 _SCALARS = (bool, int, float, str)
 _EMPTY = Context()
-_VERSION = "0.1.0"
+VERSION = "0.1.0"
+SCOPE = InstrumentationScope(n.INSTRUMENTATION_SCOPE, VERSION)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+Ids = tuple[str | None, str | None, str | None]  # (trace_id, span_id, parent_span_id) in hex
+NO_IDS: Ids = (None, None, None)
 
 
 def span_attributes(op: CompactOp) -> dict[str, Any]:
     """The attributes of an op's span: the fixed ones plus the op record's ``attrs`` mapped
-    through ``names.OP_ATTRIBUTES`` (unknown keys go under ``kv_cache.attr.<key>``).
+    through ``names.attribute_name`` (a per-component dict becomes one attribute per component).
 
     Args:
         op: the compact op record.
@@ -46,7 +61,7 @@ def span_attributes(op: CompactOp) -> dict[str, Any]:
     for key, value in op.attrs.items():
         if value is None:
             continue
-        name = n.OP_ATTRIBUTES.get(key) or f"{n.ATTR_OTHER_PREFIX}.{_snake(key)}"
+        name = n.attribute_name(op.op, key)
         per_comp = _as_mapping(value)
         if per_comp is not None:
             for comp, v in per_comp.items():
@@ -90,8 +105,33 @@ def _snake(key: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in key.lower())
 
 
-class SpanBuilder:
-    """Makes the spans of compact op records on a tracer provider.
+def _hex(trace_id: int, span_id: int, parent_span_id: int) -> Ids:
+    return (format(trace_id, "032x"), format(span_id, "016x"),
+            format(parent_span_id, "016x") if parent_span_id else None)
+
+
+class _LinkMemory:
+    """Span contexts of recent ops by op id (transfer spans link to their enqueuing op)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ctx: collections.OrderedDict[int, SpanContext] = collections.OrderedDict()
+
+    def put(self, op_id: int, sc: SpanContext) -> None:
+        self._ctx[op_id] = sc
+        if len(self._ctx) > self._size:
+            self._ctx.popitem(last=False)
+
+    def links_for(self, op: CompactOp) -> tuple[Link, ...]:
+        if op.op != ev.OP_TRANSFER:
+            return ()
+        enq = op.attrs.get(ev.A_ENQUEUED_BY)
+        sc = self._ctx.get(enq) if enq is not None else None
+        return (Link(sc, {n.LINK_ATTR_OP_ID: enq}),) if sc is not None else ()
+
+
+class TracerSpans:
+    """Spans through a tracer provider (inline mode).
 
     Args:
         tracer_provider: any OTel ``TracerProvider`` (an API no-op provider makes no spans).
@@ -99,18 +139,14 @@ class SpanBuilder:
     """
 
     def __init__(self, tracer_provider: trace.TracerProvider, link_memory: int = 65536) -> None:
-        self.tracer = tracer_provider.get_tracer(n.INSTRUMENTATION_SCOPE, _VERSION)
-        self._contexts: collections.OrderedDict[int, SpanContext] = collections.OrderedDict()
-        self._link_memory = link_memory
+        self.tracer = tracer_provider.get_tracer(n.INSTRUMENTATION_SCOPE, VERSION)
+        self._links = _LinkMemory(link_memory)
 
-    def build(self, op: CompactOp) -> tuple[str | None, str | None, str | None]:
-        """Make, end and hand to the provider's processors the span of one op.
-
-        Args:
-            op: the compact op record.
+    def build(self, op: CompactOp) -> Ids:
+        """Start and end the span of one op; its provider's processors receive it.
 
         Returns:
-            ``(trace_id, span_id, parent_span_id)`` in hex, or Nones when nothing was recorded.
+            ``(trace_id, span_id, parent_span_id)`` in hex, or Nones when not recorded.
         """
         ctx = _EMPTY
         if op.parent_span_id:
@@ -118,27 +154,73 @@ class SpanBuilder:
                                  is_remote=op.parent_remote,
                                  trace_flags=TraceFlags(op.parent_flags))
             ctx = trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY)
-        links: tuple[Link, ...] = ()
-        if op.op == ev.OP_TRANSFER:
-            enq = op.attrs.get(ev.A_ENQUEUED_BY)
-            linked = self._contexts.get(enq) if enq is not None else None
-            if linked is not None:
-                links = (Link(linked, {n.LINK_ATTR_OP_ID: enq}),)
         span = self.tracer.start_span(n.span_name(op.op), context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=span_attributes(op), links=links,
-                                      start_time=op.start_ns)
+                                      attributes=span_attributes(op),
+                                      links=self._links.links_for(op), start_time=op.start_ns)
         recording = span.is_recording()
         if recording and op.error:
             span.set_status(Status(StatusCode.ERROR, op.error))
         span.end(end_time=max(op.end_ns, op.start_ns))
         if not recording:
-            return (None, None, None)
+            return NO_IDS
         sc = span.get_span_context()
-        self._remember(op.op_id, sc)
-        return (format(sc.trace_id, "032x"), format(sc.span_id, "016x"),
-                format(op.parent_span_id, "016x") if op.parent_span_id else None)
+        self._links.put(op.op_id, sc)
+        return _hex(sc.trace_id, sc.span_id, op.parent_span_id)
 
-    def _remember(self, op_id: int, sc: SpanContext) -> None:
-        self._contexts[op_id] = sc
-        if len(self._contexts) > self._link_memory:
-            self._contexts.popitem(last=False)
+
+class DirectSpans:
+    """Span ids assigned here; ``ReadableSpan`` objects only for exporters (writer process).
+
+    Args:
+        resource: the resource exported spans carry.
+        export: whether to materialise ``ReadableSpan`` objects into ``self.pending``.
+        link_memory: how many recent ops' span contexts are kept for transfer links.
+        seed: seed of the id generator (None: from the OS).
+    """
+
+    def __init__(self, resource: Resource, export: bool, link_memory: int = 65536,
+                 seed: int | None = None) -> None:
+        self.resource = resource
+        self.export = export
+        self.pending: list[ReadableSpan] = []
+        self._links = _LinkMemory(link_memory)
+        self._rand = random.Random(seed)
+
+    def _new_id(self, bits: int) -> int:
+        v = self._rand.getrandbits(bits)
+        while v == 0:
+            v = self._rand.getrandbits(bits)
+        return v
+
+    def build(self, op: CompactOp) -> Ids:
+        """Assign the span ids of one op (and queue its ``ReadableSpan`` when exporting).
+
+        Returns:
+            ``(trace_id, span_id, parent_span_id)`` in hex, or Nones when the parent is not
+            sampled.
+        """
+        if op.parent_span_id:
+            if not op.parent_flags & TraceFlags.SAMPLED:
+                return NO_IDS
+            trace_id = op.parent_trace_id
+        else:
+            trace_id = self._new_id(128)
+        span_id = self._new_id(64)
+        if self.export:
+            sc = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+            parent = (SpanContext(trace_id, op.parent_span_id, is_remote=op.parent_remote,
+                                  trace_flags=TraceFlags(op.parent_flags))
+                      if op.parent_span_id else None)
+            status = (Status(StatusCode.ERROR, op.error) if op.error
+                      else Status(StatusCode.UNSET))
+            self.pending.append(ReadableSpan(
+                n.span_name(op.op), context=sc, parent=parent, resource=self.resource,
+                attributes=span_attributes(op), links=self._links.links_for(op),
+                kind=SpanKind.INTERNAL, status=status, start_time=op.start_ns,
+                end_time=max(op.end_ns, op.start_ns), instrumentation_scope=SCOPE))
+            self._links.put(op.op_id, sc)
+        return _hex(trace_id, span_id, op.parent_span_id)
+
+    def take(self) -> list[ReadableSpan]:
+        out, self.pending = self.pending, []
+        return out

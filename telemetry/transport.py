@@ -4,21 +4,38 @@
   exporters, notebooks). Simple, but span building and SQLite writes then share the GIL with
   the cache.
 - ``ProcessTransport``: the sinks run in a separate writer process (``telemetry/writer.py``,
-  started with ``spawn`` by default so it is safe under threads and CUDA). Message batches are
-  pickled onto a pipe; when the pipe is full the drain thread waits, the recorder's queue grows
+  a fresh interpreter, so it is safe under threads and CUDA). Message batches are pickled onto
+  a pipe; when the pipe is full the drain thread waits, the recorder's queue grows
   and its overflow policy applies: backpressure never reaches the cache except through that
   policy. ``flush`` and ``close`` wait for the writer's acknowledgement.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import fcntl
+import os
 import pickle
+import subprocess
+import sys
 import time
+from multiprocessing.connection import Connection
 
 from telemetry.health import Health
 from telemetry.sink import Sink
-from telemetry.writer import WriterSpec, writer_main
+from telemetry.writer import WriterSpec
+
+_PATH_ENV = "RADIXSCOPE_TELEMETRY_SYS_PATH"
+_BOOT = (f"import os, sys; sys.path[:0] = os.environ.pop({_PATH_ENV!r}, '').split(os.pathsep); "
+         "from telemetry.writer import main_from_fds; "
+         "main_from_fds(int(sys.argv[1]), int(sys.argv[2]))")
+_F_SETPIPE_SZ = 1031  # Linux: grow the pipe so a batch rarely blocks the drain thread
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size works too
 
 
 class InlineTransport:
@@ -42,30 +59,40 @@ class WriterGone(RuntimeError):
 
 
 class ProcessTransport:
-    """Ships pickled message batches to a writer process.
+    """Ships pickled message batches to a writer process over OS pipes.
+
+    The writer is a fresh interpreter started with ``subprocess`` (not ``multiprocessing``):
+    nothing of this process is forked (safe under threads and CUDA) and, unlike ``spawn``, the
+    caller's ``__main__`` module is not re-imported in the child, so scripts without an
+    ``if __name__ == "__main__"`` guard work.
 
     Args:
         spec: what the writer builds (store path, exporters, keyframe cadence...).
         health: host-side counters.
-        start_method: multiprocessing start method (``spawn``, ``forkserver`` or ``fork``).
-        start_timeout_s: longest wait for the writer to report ready, in ``flush``/``close``.
+        start_timeout_s: longest wait for the writer's first acknowledgement.
     """
 
-    def __init__(self, spec: WriterSpec, health: Health, start_method: str = "spawn",
-                 start_timeout_s: float = 60.0) -> None:
-        ctx = mp.get_context(start_method)
+    def __init__(self, spec: WriterSpec, health: Health, start_timeout_s: float = 60.0) -> None:
         self.health = health
         self.start_timeout_s = start_timeout_s
-        recv_end, self._out = ctx.Pipe(duplex=False)
-        self._acks, ack_send = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=writer_main, args=(recv_end, ack_send, spec),
-                                   name="radixscope-telemetry-writer", daemon=True)
-        self.process.start()
-        recv_end.close()
-        ack_send.close()
+        data_r, data_w = os.pipe()
+        ack_r, ack_w = os.pipe()
+        _grow_pipe(data_w)
+        env = dict(os.environ)
+        env[_PATH_ENV] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(data_r), str(ack_w)], pass_fds=(data_r, ack_w),
+                env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            os.close(data_r)
+            os.close(ack_w)
+        self._out = Connection(data_w, readable=False)
+        self._acks = Connection(ack_r, writable=False)
         self._token = 0
         self._dead = False
         self.writer_error: str | None = None
+        self.send([("spec", spec)])
 
     def send(self, messages: list[tuple]) -> None:
         if self._dead:
@@ -93,7 +120,7 @@ class ProcessTransport:
                 reply = pickle.loads(self._acks.recv_bytes())
             except EOFError:
                 self._dead = True
-                self.writer_error = f"writer exited (exit code {self.process.exitcode})"
+                self.writer_error = f"writer exited (exit code {self.process.poll()})"
                 raise WriterGone(self.writer_error) from None
             if reply[0] == "failed":
                 self._dead = True
@@ -112,10 +139,11 @@ class ProcessTransport:
                 stats = self._request("close", max(timeout_s, self.start_timeout_s))
         finally:
             self._out.close()
-            self.process.join(timeout=max(1.0, timeout_s))
-            if self.process.is_alive():
+            try:
+                self.process.wait(timeout=max(1.0, timeout_s))
+            except subprocess.TimeoutExpired:
                 self.health.fail("transport.close", None, "writer did not exit; terminating")
                 self.process.terminate()
-                self.process.join(timeout=5.0)
+                self.process.wait(timeout=5.0)
             self._acks.close()
         return stats

@@ -1,8 +1,9 @@
 """The writer process: builds spans and metrics and writes the store, beside the cache's process.
 
-``writer_main`` is the process target. It builds its own tracer provider (store span processor
-plus any OTLP / console exporters) and meter provider (OTLP / Prometheus readers) from a
-picklable ``WriterSpec``, then loops: receive pickled message batches, coalesce what is already
+``main_from_fds`` is the entry point of the writer interpreter (``ProcessTransport`` starts it).
+It builds the sinks from a picklable ``WriterSpec`` (the first message): span ids for every op,
+span objects and metric instruments only for configured exporters / readers, and the store;
+then loops: receive pickled message batches, coalesce what is already
 waiting, hand them to a ``Sink``, commit. ``("flush", token)`` and ``("close", token)`` are
 answered on the acknowledgement pipe with the merged stats. End-of-file on the pipe (the host
 process died) closes the store cleanly, so a crash still leaves a readable store.
@@ -11,17 +12,19 @@ process died) closes the store cleanly, so a crash still leaves a readable store
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import resource
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
 
 from telemetry import backends
-from telemetry.exporters import StoreSpanProcessor
 from telemetry.health import Health
 from telemetry.sink import Sink
+from telemetry.spans import DirectSpans
 from telemetry.store_writer import StoreWriter
 
 log = logging.getLogger("radixscope.telemetry")
@@ -40,51 +43,80 @@ class WriterSpec:
         metrics: keep the OTel instruments.
         keyframe_every: mutations between keyframes.
         sample_every_ms: cache time between metric samples in the store.
+        nice: niceness increment of the writer process, so that on a busy machine the cache's
+            process gets the CPU first (the writer catches up when it idles).
     """
 
     store: str | None
     backends: backends.BackendSpec = field(default_factory=backends.BackendSpec)
     spans: bool = True
     metrics: bool = True
-    keyframe_every: int = 5000
+    keyframe_every: int = 20000
     sample_every_ms: float = 100.0
+    nice: int = 10
 
 
-def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, TracerProvider | None,
-                                                          MeterProvider | None]:
-    """The writer's sink and the providers it owns.
+def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
+    """The writer's sink and the providers / processors it owns (to shut down at the end).
+
+    Spans: ids are assigned directly (``DirectSpans``); SDK span objects are only made when an
+    exporter is configured. Metrics: instruments only when a metric reader is configured (the
+    store's pool samples come from the journal either way).
 
     Args:
         spec: the writer spec.
         health: the writer's counters.
 
     Returns:
-        ``(sink, tracer_provider or None, meter_provider or None)``.
+        ``(sink, [things with shutdown()])``.
     """
-    tp = backends.build_tracer_provider(spec.backends) if spec.spans else None
-    mp_ = backends.build_meter_provider(spec.backends) if spec.metrics else None
+    b = spec.backends
+    owned: list[Any] = []
+    spans = procs = None
+    if spec.spans:
+        exporters = backends.span_exporters(b)
+        procs = backends.batch_processors(exporters, b, health)
+        owned.extend(procs)
+        spans = DirectSpans(backends.resource(b), export=bool(procs))
+    mp_ = None
+    if spec.metrics:
+        readers = backends.metric_readers(b)
+        if readers:
+            mp_ = MeterProvider(metric_readers=readers, resource=backends.resource(b))
+            owned.append(mp_)
     store = StoreWriter(spec.store) if spec.store else None
 
-    def flush_providers() -> None:
-        if tp is not None:
-            tp.force_flush()
-        if mp_ is not None and mp_._sdk_config.metric_readers:
+    def flush_exports() -> None:
+        for p in procs or ():
+            p.force_flush()
+        if mp_ is not None:
             mp_.force_flush()
 
-    sink = Sink(health, store, tp, mp_, keyframe_every=spec.keyframe_every,
-                sample_every_ms=spec.sample_every_ms, flush_hook=flush_providers)
-    if tp is not None:
-        if store is not None:
-            tp.add_span_processor(StoreSpanProcessor(sink.put_span, health))
-        backends.add_exporters(tp, backends.span_exporters(spec.backends), spec.backends, health)
-    return sink, tp, mp_
+    sink = Sink(health, store, spans, mp_, span_processors=procs or (),
+                keyframe_every=spec.keyframe_every, sample_every_ms=spec.sample_every_ms,
+                flush_hook=flush_exports,
+                resource=dict(backends.resource(b).attributes))
+    return sink, owned
+
+
+def main_from_fds(data_fd: int, ack_fd: int) -> None:
+    """Entry point of the writer interpreter: the first message on the data pipe is the spec."""
+    conn = Connection(data_fd, writable=False)
+    acks = Connection(ack_fd, readable=False)
+    try:
+        first = pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return
+    writer_main(conn, acks, first[0][1])
 
 
 def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
-    """Process target: serve one host until ``close`` or end-of-file."""
+    """Serve one host until ``close`` or end-of-file on ``conn``."""
     health = Health()
     try:
-        sink, tp, mp_ = build_sink(spec, health)
+        if spec.nice and hasattr(os, "nice"):
+            os.nice(spec.nice)
+        sink, owned = build_sink(spec, health)
     except Exception as e:  # noqa: BLE001 - report the failure to the host, then exit
         log.exception("telemetry writer could not start")
         acks.send_bytes(pickle.dumps(("failed", 0, f"{type(e).__name__}: {e}")))
@@ -94,10 +126,8 @@ def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
     finally:
         with health.guard("writer.shutdown"):
             sink.close()
-            if tp is not None:
-                tp.shutdown()
-            if mp_ is not None:
-                mp_.shutdown()
+            for thing in owned:
+                thing.shutdown()
 
 
 def _serve(conn: Connection, acks: Connection, sink: Sink) -> None:
@@ -118,13 +148,19 @@ def _serve(conn: Connection, acks: Connection, sink: Sink) -> None:
                 msgs = []
             kind, token = batch[0]
             if kind == "flush":
-                acks.send_bytes(pickle.dumps(("flushed", token, sink.flush())))
+                acks.send_bytes(pickle.dumps(("flushed", token, _with_usage(sink.flush()))))
             elif kind == "close":
-                stats = sink.close()
+                stats = _with_usage(sink.close())
                 acks.send_bytes(pickle.dumps(("closed", token, stats)))
                 return
         if msgs:
             sink.handle(msgs)
+
+
+def _with_usage(stats: dict) -> dict:
+    """Add the writer's own CPU seconds (``stats["process"]["cpu_s"]``) for benchmarks."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {**stats, "process": {"cpu_s": ru.ru_utime + ru.ru_stime}}
 
 
 def _is_data(batch: list[tuple]) -> bool:

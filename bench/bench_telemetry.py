@@ -1,0 +1,251 @@
+"""Chat-workload throughput with telemetry off vs fully on, measured in one process run.
+
+"Fully on" is ``telemetry.setup(store=...)`` with its defaults: every cache op is recorded, gets
+a span (ids assigned in the writer process, parented on the caller's span) and is journaled into
+the SQLite store with keyframes and pool samples; the engine also records its admission
+decisions. "Off" is the cache's default ``NullRecorder`` (the cache records nothing). The
+engine's own request spans go to the API's no-op tracer in both (``capture_host_spans=False``),
+so the ratio is the cache telemetry's cost alone.
+
+Workloads (same seed in every run, so both sides do exactly the same cache calls):
+- ``engine``: the reference engine (``engine/``) serving its multi-turn chat workload with the
+  stand-in model (chunked prefill, decode, load-backs, evictions): what a serving loop sees.
+- ``cache``: a bare chat loop of cache calls only (match, load_back, lock, alloc, insert, unlock,
+  poll), no model: the harshest ratio, since nothing else dilutes telemetry's cost.
+
+Runs alternate off / on ``--reps`` times; the medians are reported. ``hot`` is ops/s while the
+workload runs; ``e2e`` also counts ``tel.close()``, i.e. until the store holds every op. The
+machine is shared (steal time), so wall-clock numbers are noisy: the CPU lines (this process,
+all threads; and the writer process) are the steadier view of what telemetry costs.
+
+    python bench/bench_telemetry.py                       # both workloads, 5 reps
+    python bench/bench_telemetry.py --workload engine --requests 300 --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import telemetry  # noqa: E402
+from cache import CacheConfig, HiRadixCache  # noqa: E402
+
+
+# ---- workloads -------------------------------------------------------------------------------
+def engine_workload(requests: int, seed: int):
+    """The engine's chat workload; returns ``prepare(recorder, tel) -> run``."""
+    from engine import workloads
+    from engine.engine import Engine
+    from engine.instrument import TimedCache
+    from engine.run import RunSpec
+
+    spec = RunSpec(workload="chat", requests=requests, seed=seed)
+    cfg = spec.cache_config()
+    reqs = workloads.build("chat", requests, seed)
+
+    def prepare(recorder, tel):
+        cache = TimedCache(HiRadixCache(cfg, recorder=recorder), None)
+        eng = Engine(cache, reqs, spec.engine_config(), telemetry=tel)
+
+        def run() -> None:
+            eng.run()
+        return run
+    return prepare
+
+
+def make_cache(recorder=None) -> HiRadixCache:
+    """The bare loop's cache (also used by ``bench_postmortem.py``)."""
+    cfg = CacheConfig.preset("full", device_tokens=8192, host_tokens=32768)
+    return HiRadixCache(cfg, recorder=recorder)
+
+
+class ChatWorkload:
+    """Seeded multi-turn chat of bare cache calls: ``n_system`` shared system prompts,
+    ``n_conv`` conversations visited at random, each turn adding a user message and an answer.
+    ``turn`` is an engine's sequence per request: match -> (load_back) -> lock -> alloc ->
+    (write KV: the stand-in model, optional) -> insert -> unlock -> poll. ``ops`` counts the
+    calls (also used by ``bench_postmortem.py``)."""
+
+    def __init__(self, seed: int, n_system: int = 8, system_len: int = 256, n_conv: int = 64,
+                 user_len: tuple[int, int] = (16, 64), answer_len: tuple[int, int] = (16, 96),
+                 max_context: int = 1536, write_kv: bool = True) -> None:
+        self.rng = random.Random(seed)
+        self.systems = [[self.rng.randrange(32000) for _ in range(system_len)]
+                        for _ in range(n_system)]
+        self.convs = [list(self.systems[i % n_system]) for i in range(n_conv)]
+        self.user_len, self.answer_len = user_len, answer_len
+        self.max_context = max_context
+        self.write_kv = write_kv
+        self.ops = 0
+
+    def turn(self, c: HiRadixCache, rid: str) -> None:
+        rng = self.rng
+        ci = rng.randrange(len(self.convs))
+        conv = self.convs[ci]
+        if len(conv) > self.max_context:  # the conversation ends; a new one starts
+            conv = self.convs[ci] = list(self.systems[ci % len(self.systems)])
+        conv.extend(rng.randrange(32000) for _ in range(rng.randint(*self.user_len)))
+        prompt = list(conv)
+        m = c.match_prefix(prompt, req_id=rid)
+        self.ops += 1
+        prefix_idx, prefix, anchor = m.device_indices, m.device_prefix_len, m.last_device_node
+        if m.needs_load_back:
+            lb = c.load_back(m, req_id=rid)
+            self.ops += 1
+            prefix_idx, prefix, anchor = lb.device_indices, lb.device_prefix_len, lb.anchor
+        receipt = c.lock(anchor, owner=rid, req_id=rid)
+        answer = [rng.randrange(32000) for _ in range(rng.randint(*self.answer_len))]
+        full = prompt + answer
+        new = c.alloc(len(full) - prefix, req_id=rid)
+        if self.write_kv:
+            pool = c.device_pools[0]
+            b = pool.buf
+            pool.write(new, torch.full((b.shape[0], 2, new.numel(), b.shape[3], b.shape[4]),
+                                       float(len(full) % 97)))
+        c.insert(full, torch.cat([prefix_idx, new]), prev_prefix_len=prefix, req_id=rid)
+        c.unlock(receipt, req_id=rid)
+        c.poll()
+        self.ops += 5  # lock, alloc, insert, unlock, poll
+        conv.extend(answer)
+
+
+def cache_workload(turns: int, seed: int):
+    """The bare loop without KV writes; returns ``prepare(recorder, tel) -> run``."""
+
+    def prepare(recorder, tel):
+        c = make_cache(recorder)
+        wl = ChatWorkload(seed, write_kv=False)
+
+        def run() -> None:
+            for k in range(turns):
+                wl.turn(c, f"r{k}")
+        return run
+    return prepare
+
+
+# ---- measurement ------------------------------------------------------------------------------
+def measure(prepare, on: bool, tmp: Path, tag: str) -> dict:
+    """One run. Times: wall (hot: the workload; e2e: until the store holds everything), CPU of
+    the cache's thread, of this process (all threads) and of the writer process."""
+    tel = None
+    if on:
+        tel = telemetry.setup(store=tmp / f"{tag}.db", overwrite=True, capture_host_spans=False)
+    run = prepare(tel.recorder if tel else None, tel)
+    w0 = 0.0
+    if tel is not None:
+        tel.flush()  # the writer process is up and attached before the clock starts
+        w0 = tel.pipeline.last_stats["process"]["cpu_s"]
+    c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
+    run()
+    out = {"hot_s": time.perf_counter() - t0, "thread_cpu_s": time.thread_time() - th0}
+    if tel is not None:
+        stats = tel.close(timeout_s=600)
+        out["writer_cpu_s"] = tel.pipeline.last_stats["process"]["cpu_s"] - w0
+        with telemetry.open_store(tel.store_path) as r:
+            out["ops"] = len(r.ops())
+        out["dropped"] = sum(stats["dropped"].values())
+        out["failures"] = sum(stats["failures"].values())
+        tel.store_path.unlink(missing_ok=True)
+    else:
+        out["writer_cpu_s"] = 0.0
+    out["e2e_s"] = time.perf_counter() - t0
+    out["cpu_s"] = time.process_time() - c0
+    return out
+
+
+def bench(name: str, prepare, reps: int, tmp: Path) -> dict:
+    off, on = [], []
+    for rep in range(reps):
+        off.append(measure(prepare, False, tmp, f"{name}-{rep}"))
+        on.append(measure(prepare, True, tmp, f"{name}-{rep}"))
+    counts = {r["ops"] for r in on}
+    assert len(counts) == 1, f"{name}: runs recorded different numbers of ops: {counts}"
+    n = counts.pop()  # op records (transfer acks included); the same calls in the off runs
+    med = statistics.median
+
+    def per_op(rs, key):
+        return med(r[key] / n * 1e6 for r in rs)
+
+    res = {
+        "ops": n,
+        "off": med(n / r["hot_s"] for r in off),
+        "hot": med(n / r["hot_s"] for r in on),
+        "e2e": med(n / r["e2e_s"] for r in on),
+        "pairs": med(a["hot_s"] / b["hot_s"] for a, b in zip(off, on, strict=True)),
+        "thread_off": per_op(off, "thread_cpu_s"), "thread_on": per_op(on, "thread_cpu_s"),
+        "proc_off": per_op(off, "cpu_s"), "proc_on": per_op(on, "cpu_s"),
+        "writer": per_op(on, "writer_cpu_s"),
+        "dropped": sum(r["dropped"] for r in on),
+        "failures": sum(r["failures"] for r in on),
+    }
+    print(f"[{name}] {n} op records per run, {reps} reps (off / on alternating)")
+    for a, b in zip(off, on, strict=True):
+        print(f"    off {n / a['hot_s']:8.0f} ops/s | on {n / b['hot_s']:8.0f} ops/s hot "
+              f"{n / b['e2e_s']:8.0f} e2e | dropped {b['dropped']} failures {b['failures']}")
+    print(f"  ops/s (median)  off {res['off']:.0f}   on {res['hot']:.0f} hot   "
+          f"{res['e2e']:.0f} e2e")
+    print(f"  ratio on/off    hot {res['hot'] / res['off']:.3f}   e2e "
+          f"{res['e2e'] / res['off']:.3f}   median of per-pair ratios {res['pairs']:.3f}")
+    print(f"  CPU us/op       cache thread {res['thread_off']:.1f} -> {res['thread_on']:.1f}   "
+          f"this process {res['proc_off']:.1f} -> {res['proc_on']:.1f}   "
+          f"writer process {res['writer']:.1f}")
+    print(f"  every op stored: dropped {res['dropped']}, failures {res['failures']}")
+    return res
+
+
+def once(on: bool, requests: int, seed: int) -> None:
+    """One engine run, for instruction counts: ``valgrind --tool=callgrind --trace-children=yes
+    python bench/bench_telemetry.py --once on --requests N`` at two sizes; the difference per
+    op is the cost per op, in the cache's process and (a separate file) the writer process."""
+    with tempfile.TemporaryDirectory() as d:
+        tel = None
+        if on:
+            tel = telemetry.setup(store=Path(d) / "once.db", capture_host_spans=False)
+        run = engine_workload(requests, seed)(tel.recorder if tel else None, tel)
+        if tel is not None:
+            tel.flush()
+        run()
+        if tel is not None:
+            tel.close()
+            with telemetry.open_store(tel.store_path) as r:
+                print(f"op records: {len(r.ops())}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", choices=("engine", "cache", "both"), default="both")
+    ap.add_argument("--requests", type=int, default=200, help="engine chat requests per run")
+    ap.add_argument("--turns", type=int, default=1500, help="bare-loop turns per run")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--once", choices=("off", "on"),
+                    help="one untimed engine run (to count instructions under valgrind)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.once:
+        once(args.once == "on", args.requests, args.seed)
+        return
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        if args.workload in ("engine", "both"):
+            bench("engine chat", engine_workload(args.requests, args.seed), args.reps, tmp)
+        if args.workload in ("cache", "both"):
+            bench("bare cache loop", cache_workload(args.turns, args.seed), args.reps, tmp)
+
+
+if __name__ == "__main__":
+    main()

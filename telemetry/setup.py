@@ -1,0 +1,254 @@
+"""``telemetry.setup``: one call that wires the recorder, the drain pipeline and the sinks.
+
+Defaults: an embedded store under ``runs/``, sinks in a separate writer process, OTLP when the
+standard ``OTEL_EXPORTER_OTLP_*`` variables are set, and host-process spans (an engine's
+request spans) captured into the store through the global tracer provider.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from telemetry import backends
+from telemetry.exporters import StoreSpanProcessor
+from telemetry.handle import Telemetry
+from telemetry.health import Health
+from telemetry.names import DEFAULT_SERVICE_NAME
+from telemetry.pipeline import Pipeline
+from telemetry.recorder import TelemetryRecorder
+from telemetry.sink import Sink
+from telemetry.spans import TracerSpans
+from telemetry.store import create_store, resolve_new_store
+from telemetry.store_writer import StoreWriter
+from telemetry.transport import InlineTransport, ProcessTransport
+from telemetry.writer import WriterSpec
+
+MODES = ("process", "inline")
+AUTO = "auto"
+
+
+def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
+          mode: str = "process", spans: bool = True, metrics: bool = True,
+          otlp: str | bool | None = None, console: bool = False,
+          prometheus: int | tuple[str, int] | None = None,
+          service_name: str = DEFAULT_SERVICE_NAME,
+          tracer_provider: trace.TracerProvider | None = None,
+          meter_provider: metrics_api.MeterProvider | None = None,
+          span_exporters: Sequence[SpanExporter] = (), in_memory: bool = False,
+          capture_host_spans: bool = True, keyframe_every: int = 20000,
+          sample_every_ms: float = 100.0, queue_capacity: int = 262144,
+          overflow: str = "block", block_timeout_s: float = 2.0,
+          drain_interval_s: float = 0.05, capture_context: bool = True,
+          writer_nice: int = 10, flight_ring: int = 0) -> Telemetry:
+    """Start telemetry and return its handle.
+
+    Args:
+        store: store file path; ``"auto"`` = ``runs/telemetry-<time>-<pid>.db``; None = none.
+        overwrite: replace an existing store file instead of raising ``FileExistsError``.
+        mode: ``"process"`` (sinks in a writer process: the fast default) or ``"inline"``
+            (sinks on this process's drain thread: tests, in-memory exporters).
+        spans: build a span per cache op.
+        metrics: keep the OTel metric instruments.
+        otlp: None = from ``OTEL_EXPORTER_OTLP_*``; ``"grpc"`` / ``"http/protobuf"`` = on with
+            that protocol; True = on (protocol from env, default http/protobuf); False = off.
+        console: also print spans to stdout.
+        prometheus: port (or ``(host, port)``) of a Prometheus scrape endpoint; needs
+            ``opentelemetry-exporter-prometheus``.
+        service_name: ``service.name`` of the resource.
+        tracer_provider: inline mode only: build cache spans on this provider (its processors
+            receive them; the store's processor is added to it).
+        meter_provider: inline mode only: the instruments' provider.
+        span_exporters: inline mode only: extra exporters (batched, guarded).
+        in_memory: inline mode with an ``InMemorySpanExporter`` (``tel.memory_exporter``) and an
+            ``InMemoryMetricReader`` (``tel.metric_reader``); store defaults to none.
+        capture_host_spans: route this process's own spans (global provider) into the store.
+        keyframe_every: mutations between keyframe snapshots in the store.
+        sample_every_ms: cache time between pool metric samples in the store.
+        queue_capacity: op records the recorder buffers before its overflow policy applies.
+        overflow: ``"block"`` (wait up to ``block_timeout_s``, then drop) or ``"drop"``.
+        block_timeout_s: see ``overflow``.
+        drain_interval_s: longest drain period (when idle; every 5 ms while busy).
+        capture_context: capture the caller's OTel context per op (span parenting).
+        writer_nice: niceness increment of the writer process (0 = same priority).
+        flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none; the
+            store has them all).
+
+    Returns:
+        The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes.
+
+    Raises:
+        ValueError: bad argument values or store path (naming them).
+        FileExistsError: the store exists and ``overwrite`` is False.
+        ImportError: an optional exporter package is missing (naming it).
+    """
+    if in_memory:
+        mode = "inline"
+        store = None if store == AUTO else store
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: must be one of {MODES}")
+    if mode == "process" and (tracer_provider is not None or meter_provider is not None
+                              or span_exporters):
+        raise ValueError("tracer_provider / meter_provider / span_exporters need mode='inline' "
+                         "(in process mode the writer process builds its own providers)")
+    if not isinstance(keyframe_every, int) or keyframe_every < 1:
+        raise ValueError(f"keyframe_every={keyframe_every!r}: must be an int >= 1")
+    if sample_every_ms < 0:
+        raise ValueError(f"sample_every_ms={sample_every_ms!r}: must be >= 0")
+    spec = _backend_spec(otlp, console, prometheus, service_name)
+    backends.check_available(spec)
+    path = _store_path(store, overwrite)
+    settings = {"mode": mode, "keyframe_every": keyframe_every,
+                "sample_every_ms": sample_every_ms, "spans": spans, "metrics": metrics,
+                "overflow": overflow, "queue_capacity": queue_capacity}
+    health = Health()
+    recorder = TelemetryRecorder(health, queue_capacity=queue_capacity, overflow=overflow,
+                                 block_timeout_s=block_timeout_s, ring_capacity=flight_ring,
+                                 capture_context=capture_context)
+    if path is not None:
+        create_store(path, settings, overwrite=overwrite)
+    if mode == "process":
+        wspec = WriterSpec(str(path) if path else None, spec, spans, metrics, keyframe_every,
+                           sample_every_ms, writer_nice)
+        transport: Any = ProcessTransport(wspec, health)
+        tel = Telemetry(recorder, Pipeline(recorder, transport, health, drain_interval_s),
+                        health, path, mode)
+        if capture_host_spans:
+            _capture_host_spans(tel, spec, recorder, health)
+    else:
+        tel = _inline(recorder, health, path, spec, spans, metrics, tracer_provider,
+                      meter_provider, span_exporters, in_memory, capture_host_spans,
+                      keyframe_every, sample_every_ms, drain_interval_s)
+    _close_at_exit(tel)
+    return tel
+
+
+def _backend_spec(otlp: str | bool | None, console: bool,
+                  prometheus: int | tuple[str, int] | None,
+                  service_name: str) -> backends.BackendSpec:
+    env_traces, env_metrics = backends.otlp_from_env()
+    if otlp is None:
+        traces, mets = env_traces, env_metrics
+    elif otlp is False:
+        traces = mets = None
+    elif otlp is True:
+        traces = env_traces or "http/protobuf"
+        mets = env_metrics or traces
+    else:
+        traces = mets = str(otlp)
+    prom = None
+    if prometheus is not None:
+        prom = ("localhost", int(prometheus)) if isinstance(prometheus, int) else (
+            str(prometheus[0]), int(prometheus[1]))
+    return backends.BackendSpec(service_name=service_name, otlp_traces=traces,
+                                otlp_metrics=mets, console=console, prometheus=prom)
+
+
+def _store_path(store: str | os.PathLike | None, overwrite: bool) -> Path | None:
+    if store is None:
+        return None
+    if store == AUTO:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        store = Path("runs") / f"telemetry-{stamp}-{os.getpid()}.db"
+    return resolve_new_store(store, overwrite)
+
+
+def _capture_host_spans(tel: Telemetry, spec: backends.BackendSpec,
+                        recorder: TelemetryRecorder, health: Health) -> None:
+    """Process mode: this process's spans reach the store through the recorder's side queue."""
+    if tel.store_path is None:
+        return
+
+    def put(span: Any) -> None:
+        if not tel.closed:
+            recorder.submit(("span", span))
+
+    proc = StoreSpanProcessor(put, health)
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        current.add_span_processor(proc)
+        tel.tracer_provider = current
+        tel.adopt(borrowed=[current])
+        return
+    tp = backends.build_tracer_provider(spec)
+    tp.add_span_processor(proc)
+    backends.add_exporters(tp, backends.span_exporters(spec), spec, health)
+    trace.set_tracer_provider(tp)
+    tel.tracer_provider = tp
+    tel.adopt(owned=[tp])
+
+
+def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
+            spec: backends.BackendSpec, spans: bool, metrics: bool,
+            tracer_provider: trace.TracerProvider | None,
+            meter_provider: metrics_api.MeterProvider | None,
+            span_exporters: Sequence[SpanExporter], in_memory: bool, capture_host_spans: bool,
+            keyframe_every: int, sample_every_ms: float, drain_interval_s: float) -> Telemetry:
+    """Inline mode: the sink runs on the drain thread; cache spans go through a provider."""
+    tp = mem_exp = None
+    if spans:
+        tp = tracer_provider or backends.build_tracer_provider(spec)
+        if isinstance(tp, TracerProvider):
+            if in_memory:
+                mem_exp = InMemorySpanExporter()
+                tp.add_span_processor(SimpleSpanProcessor(mem_exp))
+            backends.add_exporters(tp, [*backends.span_exporters(spec), *span_exporters],
+                                   spec, health)
+    mp = reader = None
+    if metrics:
+        mp = meter_provider
+        if mp is None:
+            readers = backends.metric_readers(spec)
+            if in_memory:
+                reader = InMemoryMetricReader()
+                readers.append(reader)
+            mp = MeterProvider(metric_readers=readers, resource=backends.resource(spec))
+    store = StoreWriter(path) if path is not None else None
+
+    def flush_providers() -> None:
+        for p in (tp, mp):
+            if p is not None and hasattr(p, "force_flush"):
+                p.force_flush()
+
+    resource = getattr(tp, "resource", None)
+    sink = Sink(Health(), store, TracerSpans(tp) if tp is not None else None, mp,
+                keyframe_every=keyframe_every, sample_every_ms=sample_every_ms,
+                flush_hook=flush_providers,
+                resource=dict(resource.attributes) if resource is not None else None)
+    if store is not None and isinstance(tp, TracerProvider):
+        tp.add_span_processor(StoreSpanProcessor(sink.put_span, health))
+    tel = Telemetry(recorder, Pipeline(recorder, InlineTransport(sink), health, drain_interval_s),
+                    health, path, "inline")
+    tel.tracer_provider, tel.meter_provider = tp, mp
+    tel.memory_exporter, tel.metric_reader = mem_exp, reader
+    tel.adopt(owned=[p for p, given in ((tp, tracer_provider), (mp, meter_provider))
+                     if p is not None and given is None],
+              borrowed=[p for p in (tracer_provider, meter_provider) if p is not None])
+    if capture_host_spans and tracer_provider is None and isinstance(tp, TracerProvider):
+        if not isinstance(trace.get_tracer_provider(), TracerProvider):
+            trace.set_tracer_provider(tp)
+    return tel
+
+
+def _close_at_exit(tel: Telemetry) -> None:
+    ref = weakref.ref(tel)
+
+    def close() -> None:
+        t = ref()
+        if t is not None and not t.closed:
+            t.close(timeout_s=10.0)
+
+    atexit.register(close)
