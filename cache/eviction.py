@@ -49,9 +49,7 @@ def evict_device(core: CacheCore, ci: int, num: int) -> EvictResult:
         victim = next((n for n in lru.values() if n.data[ci].lock_ref == 0), None)
         if victim is None:
             break
-        if victim.id in core.d_leaves:
-            evict_leaf(core, victim, acc)
-        else:
+        if victim.id not in core.d_leaves or not evict_leaf(core, victim, acc):
             tombstone(core, victim, ci, acc)
     return acc.result(num)
 
@@ -72,16 +70,21 @@ def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
         acc.tombstoned.append((comp.name, node.id))
 
 
-def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
+def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> bool:
     """Evict a device leaf whole: demote it to host-only when backed up (under write_back, back
-    it up synchronously first), otherwise delete it and its useless childless ancestors."""
+    it up synchronously first), otherwise delete it and its useless childless ancestors.
+
+    Under write_back a device leaf may still have host-only children (their backups succeeded,
+    its own failed): then the unpinned host-only subtree is dropped with it; if anything in that
+    subtree is pinned, the node stays resident (it is skipped, not corrupted). Returns whether
+    the node was evicted."""
     from cache import transfers  # local: transfers imports eviction for host room
 
-    acc.evicted.append(node.id)
     f = node.data[0]
     if f.host_value is None and core.config.write_policy == "write_back" and core.config.has_host:
         transfers.backup_sync(core, node)
     if f.host_value is not None:
+        acc.evicted.append(node.id)
         for comp in core.comps:
             d = node.data[comp.index]
             if d.value is not None:
@@ -89,12 +92,30 @@ def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
                 core.set_value(node, comp.index, DEVICE, None)
                 acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
         acc.demoted.append(node.id)
-        return
+        return True
+    subtree = _post_order(node)
+    if any(d.lock_ref or d.host_ref for n in subtree for d in n.data):
+        return False  # a pinned host-only descendant: leave this node resident
+    acc.evicted.append(node.id)
     parent = node.parent
-    dev, _host = core.delete(node)
-    acc.add(dev)
-    acc.deleted.append(node.id)
+    for n in subtree:  # children first, so every delete is of a childless node
+        dev, _host = core.delete(n)
+        acc.add(dev)
+        acc.deleted.append(n.id)
     delete_tombstone_ancestors(core, parent, acc, DEVICE)
+    return True
+
+
+def _post_order(node: Node) -> list[Node]:
+    out, stack = [], [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            out.append(n)
+        else:
+            stack.append((n, True))
+            stack.extend((c, False) for c in n.children.values())
+    return out
 
 
 def is_useless(node: Node) -> bool:

@@ -130,12 +130,25 @@ def backup(core: CacheCore, node: Node) -> int | None:
     if not chain:
         return None
     chain.reverse()
-    host: dict[int, torch.Tensor] = {}
+    nodes = [n for n, _ in chain]
+    tid = _next_tid(core)
+    owner = f"transfer:{tid}"
+    # pin first, so making host room below cannot delete (or demote) what we are copying.
+    # FULL pins the whole path to the root, like any lock: an ancestor of a pinned node can
+    # never be a leaf, so counting it as evictable would let admission over-promise
+    dev_pins: dict[int, list[Node]] = {0: core.tree.path_to_root(node)}
+    host_pins: dict[int, list[Node]] = {}
     for comp in core.comps:
-        ci = comp.index
-        amount = sum(comp.size(n.data[ci].value) for n, needs in chain if ci in needs)
-        if not amount:
-            continue
+        with_ci = [n for n, needs in chain if comp.index in needs]
+        if with_ci:
+            host_pins[comp.index] = with_ci
+            if comp.index:
+                dev_pins[comp.index] = with_ci
+    r1 = core.acquire(node, DEVICE, dev_pins, owner)
+    r2 = core.acquire(node, HOST, host_pins, owner)
+    host: dict[int, torch.Tensor] = {}
+    for ci, with_ci in host_pins.items():
+        amount = sum(core.comps[ci].size(n.data[ci].value) for n in with_ci)
         got = core.take_slots(ci, HOST, amount)
         if got is None:
             eviction.evict_host(core, ci, amount - core.pool(ci, HOST).alloc.available)
@@ -143,15 +156,15 @@ def backup(core: CacheCore, node: Node) -> int | None:
         if got is None:
             for cj, idx in host.items():
                 core.free_slots(cj, HOST, idx)
+            core.release(core.locks[r2])
+            core.release(core.locks[r1])
             return None
         host[ci] = got
     copies = []
     for ci, dst in host.items():
         size = core.comps[ci].size
         srcs, off = [], 0
-        for n, needs in chain:
-            if ci not in needs:
-                continue
+        for n in host_pins[ci]:
             v = n.data[ci].value
             k = size(v)
             core.set_value(n, ci, HOST, dst[off:off + k].clone())
@@ -159,20 +172,6 @@ def backup(core: CacheCore, node: Node) -> int | None:
             off += k
         copies.append(PoolCopy(core.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
                                torch.cat(srcs), dst.clone()))
-    nodes = [n for n, _ in chain]
-    # FULL pins the whole path to the root, like any lock: an ancestor of a pinned node can
-    # never be a leaf, so counting it as evictable would let admission over-promise
-    dev_pins = {0: core.tree.path_to_root(node)}
-    host_pins: dict[int, list[Node]] = {}
-    for ci in host:
-        with_ci = [n for n, needs in chain if ci in needs]
-        host_pins[ci] = with_ci
-        if ci:
-            dev_pins[ci] = with_ci
-    tid = _next_tid(core)
-    owner = f"transfer:{tid}"
-    r1 = core.acquire(node, DEVICE, dev_pins, owner)
-    r2 = core.acquire(node, HOST, host_pins, owner)
     t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
                  core._cur_op, (r1, r2), time.time_ns())
     _register(core, t)
@@ -209,28 +208,43 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
     _validate_anchor(core, anchor, path)
     si, mi = core.ci.get("swa"), core.ci.get("mamba")
     plans: dict[int, list[Node]] = {}
-    if si is not None:
-        nodes, cut = core.comps[si].load_plan(path)
-        if cut is not None:
-            core.split(nodes[-1], len(nodes[-1].key) - cut)  # keep only in-window pages
-            path = tree.path_to_root(anchor)
-        plans[si] = nodes
+    cut = None
     for comp in core.comps:
-        if comp.index != si:
-            plans[comp.index] = comp.load_plan(path)[0]
+        nodes, c = comp.load_plan(path)
+        plans[comp.index] = nodes
+        if c is not None:
+            cut = (nodes[-1], c)
     amounts = {ci: sum(core.comps[ci].size(n.data[ci].host_value) for n in ns)
                for ci, ns in plans.items() if ns}
+    if cut is not None:
+        amounts[si] -= len(cut[0].key) - cut[1]  # only the in-window pages load
     want_cow = cow_mamba and mi is not None and anchor.parent is not None
     thresh = core.config.load_back_threshold
     if not amounts or (set(amounts) == {0} and amounts[0] < thresh):
         slot = _cow_now(core, anchor, mi) if want_cow else None
         return _result(core, anchor, {}, None, slot)
+    if want_cow and mi not in amounts and anchor.data[mi].value is None:
+        want_cow = False  # no state to copy on either tier
+    need = dict(amounts)
+    if want_cow:
+        need[mi] = need.get(mi, 0) + 1
+    _check_room(core, anchor, need)  # raises with nothing changed
+    if cut is not None:
+        core.split(cut[0], len(cut[0].key) - cut[1])  # keep only in-window pages
+        path = tree.path_to_root(anchor)
+        plans[0] = core.comps[0].load_plan(path)[0]  # the cut-off top is part of FULL's segment
+    tid = _next_tid(core)
+    owner = f"transfer:{tid}"
     pins, _skipped = core.lock_pins(anchor)
     tmp = core.acquire(anchor, DEVICE, pins, "load_back")
+    # host-pin the sources before allocating: eviction (a write-back backup looking for host
+    # room) must not reclaim the very nodes we are about to load
+    r2 = core.acquire(anchor, HOST, {ci: ns for ci, ns in plans.items() if ci in amounts}, owner)
     try:
-        if want_cow and mi not in amounts and anchor.data[mi].value is None:
-            want_cow = False  # no state to copy on either tier
         slots = _alloc_all(core, amounts, mi if want_cow else None)
+    except BaseException:
+        core.release(core.locks[r2])
+        raise
     finally:
         core.release(core.locks[tmp])
     cow_slot = slots.pop(-1, None)
@@ -253,11 +267,8 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
         src = state.host_value if mi in slots else state.value
         copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
                                ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
-    tid = _next_tid(core)
-    owner = f"transfer:{tid}"
     dev_pins, _ = core.lock_pins(anchor)
     r1 = core.acquire(anchor, DEVICE, dev_pins, owner)
-    r2 = core.acquire(anchor, HOST, {ci: ns for ci, ns in plans.items() if ci in slots}, owner)
     loaded_nodes = sorted({n.id for ns in plans.values() for n in ns})
     t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), core._cur_op,
                  (r1, r2), time.time_ns())
@@ -277,6 +288,20 @@ def _validate_anchor(core: CacheCore, anchor: Node, path: list[Node]) -> None:
     if bad:
         raise StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
                           f"{bad}: the match is stale; match again")
+
+
+def _check_room(core: CacheCore, anchor: Node, need: dict[int, int]) -> None:
+    """Raise CacheOutOfMemory unless every component can make room with the anchor's own path
+    pinned (the same arithmetic as admission), before anything is changed."""
+    pins, _ = core.lock_pins(anchor)
+    for ci, amt in need.items():
+        size = core.comps[ci].size
+        own = sum(size(n.data[ci].value) for n in pins.get(ci, ())
+                  if n.data[ci].value is not None and n.data[ci].lock_ref == 0)
+        alloc = core.device_pools[ci].alloc
+        if alloc.available + core.evictable[ci][DEVICE] - own < amt:
+            raise core.oom(ci, DEVICE, amt, f"load-back; {own} evictable slots are on the "
+                           "anchor's own path")
 
 
 def _alloc_all(core: CacheCore, amounts: dict[int, int], cow_ci) -> dict[int, torch.Tensor]:
