@@ -7,8 +7,6 @@ from __future__ import annotations
 import torch
 
 from cache import CacheOutOfMemory, HiRadixCache
-from cache.events import FlightRecorder
-from cache.snapshot import replay
 from tests.cachekit import Driver, make_config, parents, states
 
 K = list(range(1, 13))
