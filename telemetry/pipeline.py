@@ -1,10 +1,9 @@
 """The drain thread: moves recorded batches from the recorder to a transport, off the hot path.
 
 Every ``min_interval_s`` while busy, backing off to ``interval_s`` when idle (or at once when
-the recorder's ``wake`` event is set), it takes the pending
-op records and side messages, turns them into compact messages (``telemetry/encode.py``: the
-caller's OTel context becomes parent span ids here), hands them to the transport (the writer
-process, or the sink inline) and copies the batch into the flight-recorder rings. ``flush`` and
+the recorder's ``wake`` event is set), it takes the pending op records (already encoded by the
+recorder) and side messages (host spans become rows here), hands them to the transport (the
+writer process, or the sink inline) and keeps the batch in the flight-recorder ring. ``flush`` and
 ``close`` run the same cycle on the caller's thread under the same lock, so exactly one thread
 sends at a time. Nothing here raises into the cache: a failing cycle is logged and counted, and
 the records it carried are counted as dropped.
@@ -16,7 +15,7 @@ import threading
 import time
 from typing import Protocol
 
-from telemetry.encode import compact_ops, span_row
+from telemetry.encode import decode_records, span_row
 from telemetry.health import DROP_EVENT, DROP_MUTATION, DROP_OP, DROP_SPAN, Health
 from telemetry.recorder import TelemetryRecorder
 
@@ -57,6 +56,7 @@ class Pipeline:
         self.min_interval_s = min_interval_s
         self.batch_max = batch_max
         self.cycles = 0
+        self.shipped = 0  # op records handed to the transport
         self.last_stats: dict = {}
         self._lock = threading.Lock()
         self._stop = False
@@ -93,6 +93,7 @@ class Pipeline:
                 break
             self._ship(side, batch)
             shipped += len(batch)
+        self.shipped += shipped
         stats = self.health.snapshot()
         if stats != self._sent_stats:
             self._sent_stats = stats
@@ -121,13 +122,12 @@ class Pipeline:
             if spans:
                 msgs.append(("spans", spans))
             if batch:
-                msgs.append(compact_ops(batch))
-                self.recorder.last_seq = max(self.recorder.last_seq, batch[-1][0].seq_last)
+                msgs.append(("ops", batch))
             self.transport.send(msgs)
         except Exception as e:  # noqa: BLE001 - guard point: count what is lost
             self.health.fail("drain", e, f"{len(batch)} ops, {len(side)} side messages")
             self.health.drop(DROP_OP, len(batch))
-            self.health.drop(DROP_MUTATION, sum(len(ms) for _op, ms in batch))
+            self.health.drop(DROP_MUTATION, _mutations_in(batch))
             self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span") - bad)
             self.health.drop(DROP_EVENT, sum(1 for m in side if m[0] in ("event", "violation")))
         with self.health.guard("drain.remember"):
@@ -167,3 +167,11 @@ class Pipeline:
             with self.health.guard("close"):
                 self.last_stats = self.transport.close(max(0.1, deadline - time.monotonic()))
             return self.last_stats
+
+
+def _mutations_in(batch: list[bytes]) -> int:
+    """Mutations inside encoded records (to count what a failed shipment lost)."""
+    try:
+        return len(decode_records(batch)[1])
+    except Exception:  # noqa: BLE001 - a corrupt blob: the ops are counted, not these
+        return 0

@@ -1,10 +1,13 @@
-"""The recorder the cache records into: one deque append per operation, nothing else.
+"""The recorder the cache records into: one small encode and one deque append per op.
 
-``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path is a single bounded append of
-``(op, mutations)`` to a pending deque. The pipeline's drain thread (``telemetry/pipeline.py``)
-takes the pending records in batches, ships them to the sinks and only then copies them into
-the flight-recorder rings, so even the rings cost the cache nothing. Side messages (host spans,
-events, violations) enter through ``submit`` and leave through the same drain thread.
+``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
+its span's ids, pickles the record with its mutations into one ``bytes`` (``encode_record``)
+and appends it to a bounded pending deque. Pickling at once, rather than queueing the record's
+objects, is deliberate: ``bytes`` are invisible to the garbage collector, while queued tuples,
+lists and dicts make it run far more often on the cache's thread (see ``encode_record``). The
+pipeline's drain thread (``telemetry/pipeline.py``) ships the blobs in batches and keeps the
+last ``ring_capacity`` of them as the flight-recorder ring (``tail()`` decodes on demand).
+Side messages (host spans, events, violations) enter through ``submit``.
 
 Overflow: when the pending deque holds ``queue_capacity`` records, ``overflow="block"`` waits up
 to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and then
@@ -21,6 +24,7 @@ import weakref
 from typing import Any
 
 from cache.events import FlightRecorder, Mutation, OpRecord
+from telemetry.encode import decode_op_record, encode_record
 from telemetry.health import DROP_EVENT, DROP_MUTATION, DROP_OP, Health
 
 OVERFLOW_POLICIES = ("block", "drop")
@@ -34,18 +38,16 @@ class TelemetryRecorder(FlightRecorder):
         queue_capacity: pending records (ops) held before the overflow policy applies.
         overflow: ``"block"`` or ``"drop"`` (see the module docstring).
         block_timeout_s: longest a blocked ``record`` waits for room before dropping.
-        ring_capacity: op records kept in the flight-recorder ring (and 4x as many mutations)
-            for crash bundles; 0 (the default) keeps none. Off by default: every record a ring
-            retains is promoted to the garbage collector's oldest generation and brings the
-            next full collection (a scan of the whole heap, on the cache's thread) closer, and
-            the store keeps everything anyway.
+        ring_capacity: op records (with their mutations) kept after shipping, for ``tail()``
+            and crash bundles; 0 keeps none. Kept as encoded ``bytes``: cheap, and untracked by
+            the garbage collector.
         capture_context: ask the cache to capture the caller's OTel context per op.
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
-                 block_timeout_s: float = 2.0, ring_capacity: int = 0,
+                 block_timeout_s: float = 2.0, ring_capacity: int = 4096,
                  capture_context: bool = True) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
@@ -61,11 +63,14 @@ class TelemetryRecorder(FlightRecorder):
         self.queue_capacity = queue_capacity
         self.overflow = overflow
         self.block_timeout_s = block_timeout_s
-        self.pending: collections.deque[tuple[OpRecord, list]] = collections.deque()
+        self.pending: collections.deque[bytes] = collections.deque()
+        self.ring: collections.deque[bytes] = collections.deque(maxlen=max(1, ring_capacity))
+        self.recorded_seq = -1  # seq_last of the newest op recorded
+        self._last: list = [(None, (0, 0, 0, False))]  # (caller span, its ids): see encode
         self.side: collections.deque[tuple] = collections.deque()
         self.attached = threading.Event()
         self.closed = False
-        self.last_seq = -1  # highest seq the drain thread has seen
+        self.last_seq = -1  # the attach snapshot's seq
         self._room = threading.Event()
         self.wake = threading.Event()  # set to make the drain thread run now
         if hasattr(os, "register_at_fork"):
@@ -85,25 +90,28 @@ class TelemetryRecorder(FlightRecorder):
             self.attached.set()
 
     def record(self, op: OpRecord, mutations: list[tuple]) -> None:
-        """The hot path: one append. Never raises."""
+        """The hot path: encode, append. Never raises."""
         try:
             q = self.pending
             if len(q) < self.queue_capacity:
-                q.append((op, mutations))
+                q.append(encode_record(op, mutations, self._last))
             else:
                 self._overflow(op, mutations)
+            self.recorded_seq = op.seq_last
         except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
             self.health.fail("record", e)
+            self.health.drop(DROP_OP)
+            self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
     def _overflow(self, op: OpRecord, mutations: list[tuple]) -> None:
         if self.overflow == "block" and not self.closed:
             self.wake.set()
             self._room.clear()
             if self._room.wait(self.block_timeout_s) and len(self.pending) < self.queue_capacity:
-                self.pending.append((op, mutations))
+                self.pending.append(encode_record(op, mutations, self._last))
                 return
         self.health.drop(DROP_OP)
-        self.health.drop(DROP_MUTATION, len(mutations))
+        self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
     # ---- side channel (any thread) --------------------------------------------------------
     def submit(self, message: tuple) -> None:
@@ -115,7 +123,7 @@ class TelemetryRecorder(FlightRecorder):
         self.side.append(message)
 
     # ---- drain-thread interface -----------------------------------------------------------
-    def take(self, limit: int) -> list[tuple[OpRecord, list]]:
+    def take(self, limit: int) -> list[bytes]:
         """Pop up to ``limit`` pending records (oldest first) and signal room to waiters."""
         q = self.pending
         n = min(limit, len(q))
@@ -128,30 +136,23 @@ class TelemetryRecorder(FlightRecorder):
         q = self.side
         return [q.popleft() for _ in range(min(limit, len(q)))]
 
-    def remember(self, batch: list[tuple[OpRecord, list]]) -> None:
-        """Copy a shipped batch into the flight-recorder rings (drain thread). The caller's
-        context is dropped (it keeps the caller's spans alive and the record GC-tracked)."""
-        if not self.ring_capacity:
-            return
-        cap = self.ops.maxlen or len(batch)
-        recent = batch[-cap:]
-        with self._lock:
-            for op, _muts in recent:
-                self.ops.append(op._replace(context=None) if op.context is not None else op)
-            for _op, muts in batch[-self.mutations.maxlen:] if self.mutations.maxlen else batch:
-                if muts:
-                    self.mutations.extend(muts)
+    def remember(self, batch: list[bytes]) -> None:
+        """Keep a shipped batch in the flight-recorder ring (drain thread)."""
+        if self.ring_capacity:
+            self.ring.extend(batch)
 
     def tail(self, n_ops: int | None = None) -> tuple[list[OpRecord], list[Mutation]]:
-        """The flight-recorder rings plus records still pending (for crash bundles)."""
-        with self._lock:
-            ops = list(self.ops)
-            muts = [Mutation._make(m) for m in self.mutations]
-            for op, ms in list(self.pending):
-                ops.append(op)
-                muts.extend(Mutation._make(m) for m in ms)
+        """The ring plus records not yet shipped, decoded: ``OpRecord`` s (``context=None``)
+        and their ``Mutation`` s, oldest first (for crash bundles)."""
+        blobs = list(self.ring) + list(self.pending)
         if n_ops is not None:
-            ops = ops[-n_ops:]
+            blobs = blobs[-n_ops:] if n_ops > 0 else []
+        ops: list[OpRecord] = []
+        muts: list[Mutation] = []
+        for blob in blobs:
+            op, ms = decode_op_record(blob)
+            ops.append(op)
+            muts.extend(Mutation._make(m) for m in ms)
         return ops, muts
 
     def forked(self) -> None:
@@ -162,16 +163,21 @@ class TelemetryRecorder(FlightRecorder):
         self.overflow = "drop"
         self.pending.clear()
         self.side.clear()
+        self._last = [(None, (0, 0, 0, False))]
 
     def current_seq(self) -> int:
-        """Best known latest seq: the newest pending op's, else the last drained one."""
-        try:
-            return max(self.last_seq, self.pending[-1][0].seq_last)
-        except IndexError:
-            return self.last_seq
+        """The latest seq recorded (the attach snapshot's before any op)."""
+        return max(self.last_seq, self.recorded_seq)
 
 
 def _forked(ref: weakref.ref) -> None:
     rec = ref()
     if rec is not None:
         rec.forked()
+
+
+def _safe_len(x: object) -> int:
+    try:
+        return len(x)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - only for counting what a failed record lost
+        return 0

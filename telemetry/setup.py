@@ -53,7 +53,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
           sample_every_ms: float = 100.0, queue_capacity: int = 262144,
           overflow: str = "block", block_timeout_s: float = 2.0,
           drain_interval_s: float = 0.05, capture_context: bool = True,
-          writer_nice: int = 10, flight_ring: int = 0) -> Telemetry:
+          writer_nice: int = 10, flight_ring: int = 4096) -> Telemetry:
     """Start telemetry and return its handle.
 
     Args:
@@ -84,8 +84,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         drain_interval_s: longest drain period (when idle; every 5 ms while busy).
         capture_context: capture the caller's OTel context per op (span parenting).
         writer_nice: niceness increment of the writer process (0 = same priority).
-        flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none; the
-            store has them all).
+        flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
 
     Returns:
         The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes.

@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry import metrics
 
 from cache.snapshot import CacheSnapshot
-from telemetry.encode import CompactOp, SpanRow, decode_ops, span_row
+from telemetry.encode import CompactOp, SpanRow, decode_records, span_row
 from telemetry.health import Health, merge_stats
 from telemetry.journal import Journal
 from telemetry.metrics import CacheMetrics
@@ -90,7 +90,7 @@ class Sink:
             kind = msg[0]
             with self.health.guard(f"sink.{kind}"):
                 if kind == "ops":
-                    self._ops(*decode_ops(msg[1], msg[2]))
+                    self._ops(*decode_records(msg[1]))
                 elif kind == "spans":
                     if self.store is not None:
                         self.store.write_spans(msg[1])

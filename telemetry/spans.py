@@ -185,12 +185,19 @@ class DirectSpans:
         self.pending: list[ReadableSpan] = []
         self._links = _LinkMemory(link_memory)
         self._rand = random.Random(seed)
+        self._pool = ""  # random hex digits, drawn in bulk: ids are slices of it
+        self._pos = 0
+        self._parents: dict[int, str] = {}  # parent span id -> hex (ops share few parents)
 
-    def _new_id(self, bits: int) -> int:
-        v = self._rand.getrandbits(bits)
-        while v == 0:
-            v = self._rand.getrandbits(bits)
-        return v
+    def _hex_id(self, digits: int) -> str:
+        """A random non-zero id of ``digits`` hex digits (16: span id, 32: trace id)."""
+        while True:
+            if self._pos + digits > len(self._pool):
+                self._pool, self._pos = format(self._rand.getrandbits(4 * 8192), "08192x"), 0
+            h = self._pool[self._pos:self._pos + digits]
+            self._pos += digits
+            if h.strip("0"):
+                return h
 
     def build(self, op: CompactOp) -> Ids:
         """Assign the span ids of one op (and queue its ``ReadableSpan`` when exporting).
@@ -199,27 +206,36 @@ class DirectSpans:
             ``(trace_id, span_id, parent_span_id)`` in hex, or Nones when the parent is not
             sampled.
         """
+        parent_hex = None
         if op.parent_span_id:
             if not op.parent_flags & TraceFlags.SAMPLED:
                 return NO_IDS
-            trace_id = op.parent_trace_id
+            trace_hex = format(op.parent_trace_id, "032x")
+            parent_hex = self._parents.get(op.parent_span_id)
+            if parent_hex is None:
+                if len(self._parents) > 4096:
+                    self._parents.clear()
+                parent_hex = self._parents[op.parent_span_id] = format(op.parent_span_id,
+                                                                       "016x")
         else:
-            trace_id = self._new_id(128)
-        span_id = self._new_id(64)
+            trace_hex = self._hex_id(32)
+        span_hex = self._hex_id(16)
         if self.export:
-            sc = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
-            parent = (SpanContext(trace_id, op.parent_span_id, is_remote=op.parent_remote,
-                                  trace_flags=TraceFlags(op.parent_flags))
-                      if op.parent_span_id else None)
-            status = (Status(StatusCode.ERROR, op.error) if op.error
-                      else Status(StatusCode.UNSET))
-            self.pending.append(ReadableSpan(
-                n.span_name(op.op), context=sc, parent=parent, resource=self.resource,
-                attributes=span_attributes(op), links=self._links.links_for(op),
-                kind=SpanKind.INTERNAL, status=status, start_time=op.start_ns,
-                end_time=max(op.end_ns, op.start_ns), instrumentation_scope=SCOPE))
-            self._links.put(op.op_id, sc)
-        return _hex(trace_id, span_id, op.parent_span_id)
+            self._export(op, int(trace_hex, 16), int(span_hex, 16))
+        return (trace_hex, span_hex, parent_hex)
+
+    def _export(self, op: CompactOp, trace_id: int, span_id: int) -> None:
+        sc = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+        parent = (SpanContext(trace_id, op.parent_span_id, is_remote=op.parent_remote,
+                              trace_flags=TraceFlags(op.parent_flags))
+                  if op.parent_span_id else None)
+        status = Status(StatusCode.ERROR, op.error) if op.error else Status(StatusCode.UNSET)
+        self.pending.append(ReadableSpan(
+            n.span_name(op.op), context=sc, parent=parent, resource=self.resource,
+            attributes=span_attributes(op), links=self._links.links_for(op),
+            kind=SpanKind.INTERNAL, status=status, start_time=op.start_ns,
+            end_time=max(op.end_ns, op.start_ns), instrumentation_scope=SCOPE))
+        self._links.put(op.op_id, sc)
 
     def take(self) -> list[ReadableSpan]:
         out, self.pending = self.pending, []

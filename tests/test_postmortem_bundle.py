@@ -54,15 +54,16 @@ def test_load_back_oom_writes_a_bundle_that_rebuilds_every_seq_of_its_window(tmp
     r = load_bundle(bundler.written[0])
     f = r.failure()
     assert (f["op"], f["op_id"], f["req_id"], f["node"], f["exception"], f["seq"]) == (
-        "load_back", 34, "r2", m.best_match_node, "CacheOutOfMemory", 84)
+        "load_back", 34, "r2", m.best_match_node, "CacheOutOfMemory", 82)
     assert m.best_match_node == 5
     assert f["oom"] == {"component": "full", "tier": "device", "requested": 10, "available": 4,
                         "evictable": 0, "protected": 0}
     assert f["traceback"][-1].startswith("cache.errors.CacheOutOfMemory: full/device pool out")
-    assert [fr["function"] for fr in f["frames"]] == ["_run", "load_back", "_alloc_all"]
+    # the room check fails before the load-back changes anything (no split, no pins)
+    assert [fr["function"] for fr in f["frames"]] == ["_run", "load_back", "_check_room"]
     w = r.manifest()["window"]
     assert (w["keyframe_seq"], w["first_seq"], w["last_seq"], w["replayable"], w["ops"]) == (
-        52, 53, 84, True, 8)
+        52, 53, 82, True, 8)
     assert r.manifest()["replay"] == {"ok": True, "why": None, "diff": []}
     # the round trip: the failure seq, and every op boundary the window covers
     assert r.state_at(f["seq"]) == live == r.snapshot()
@@ -70,20 +71,20 @@ def test_load_back_oom_writes_a_bundle_that_rebuilds_every_seq_of_its_window(tmp
     assert covered == [62, 78, 80, 81, 82]
     for s in covered:
         assert r.state_at(s) == seen[s]
-    with pytest.raises(ValueError, match=r"this bundle rebuilds seqs 52\.\.84"):
+    with pytest.raises(ValueError, match=r"this bundle rebuilds seqs 52\.\.82"):
         r.state_at(51)
     assert list(r.nodes()["state_full"]) == ["root", "host", "host", "host", "host", "host"]
     ops = ops_before_failure(r, 3)
     assert list(ops["op"]) == ["alloc", "match", "load_back"]
     assert ops["error"].iloc[-1].startswith("CacheOutOfMemory: full/device pool out of memory")
-    assert failure_point(r) == (82, 84)
+    assert failure_point(r) == (82, 82)  # the failed load-back changed nothing
     led = r.ledgers().set_index(["component", "tier"])
     assert led.loc[("full", "device"), ["available", "request_held", "evictable"]].tolist() == [
         4, 12, 0]
     # the budget timeline: one sample per pool at the window start and after every op
     met = r.metrics()
     dev = met[(met["component"] == "full") & (met["tier"] == "device")]
-    assert dev["seq"].iloc[0] == 52 and dev["seq"].iloc[-1] == 84
+    assert dev["seq"].iloc[0] == 52 and dev["seq"].iloc[-1] == 82
     assert dev["held"].iloc[-1] == 12
 
 
@@ -152,8 +153,8 @@ def test_a_plain_flight_recorder_whose_ring_wrapped_keeps_the_failure_state_only
     live = c.snapshot()
     r = load_bundle(bundler.written[0])
     w = r.manifest()["window"]
-    assert (w["ring_wrapped"], w["replayable"], w["keyframe_seq"]) == (True, False, 84)
-    assert r.state_at(84) == live
+    assert (w["ring_wrapped"], w["replayable"], w["keyframe_seq"]) == (True, False, 82)
+    assert r.state_at(82) == live
     with pytest.raises(ValueError, match="KeyframedFlightRecorder"):
         r.state_at(83)
 

@@ -222,14 +222,20 @@ def test_record_never_raises_and_counts_its_failures():
                           capture_host_spans=False)
     rec = tel.recorder
 
-    class Evil(list):
+    class Evil(list):  # cannot be pickled, iterated or measured
         def __len__(self):
             raise RuntimeError("no")
 
-    rec.queue_capacity = 0  # force the overflow path, which calls len(mutations)
-    rec.overflow = "drop"
-    rec.record(OpRecord(1, "match", 0, 1, None, None, 1, 0, {}, None), Evil())
+        def __iter__(self):
+            raise RuntimeError("no")
+
+    rec.record(OpRecord(1, "match", 0, 1, None, None, 1, 0, {}, None), Evil())  # unpicklable
     assert tel.stats()["failures"]["record"] == 1
+    assert tel.stats()["dropped"] == {"op": 1, "mutation": 0, "span": 0, "event": 0}
+    rec.queue_capacity = 0  # the overflow path counts what it drops, even here
+    rec.overflow = "drop"
+    rec.record(OpRecord(2, "match", 0, 1, None, None, 1, 0, {}, None), Evil())
+    assert tel.stats()["dropped"]["op"] == 2
     tel.close()
 
 
@@ -257,29 +263,42 @@ def test_extra_exporters_receive_batched_spans(tmp_path):
     tel.close()
 
 
-def test_compact_ops_round_trip_and_parent_ids():
+def test_encoded_records_round_trip_with_parent_ids():
     import pickle
 
     from opentelemetry import context as otel_context
     from opentelemetry.sdk.trace import TracerProvider
 
-    from telemetry.encode import compact_ops, decode_ops
+    from telemetry.encode import decode_records, encode_record
 
     tracer = TracerProvider().get_tracer("t")
     with tracer.start_as_current_span("a") as a:
         ctx_a1 = otel_context.get_current()
         ctx_a2 = otel_context.set_value("other", 1)  # another Context object, same span
     invalid = trace.set_span_in_context(trace.INVALID_SPAN)
-    recs = [(OpRecord(i, "match", 10 * i, 10 * i + 5, None, ctx, i, i - 1,
-                      {"key_tokens": i} if i != 3 else None, None), muts)
-            for i, (ctx, muts) in enumerate([(ctx_a1, [(1, 0, "node.touch", 2, None, None, 7)]),
-                                             (ctx_a2, []), (None, []), (invalid, []),
-                                             (otel_context.Context(), [])])]
-    msg = pickle.loads(pickle.dumps(compact_ops(recs)))
-    ops, muts = decode_ops(msg[1], msg[2])
+    last = [(None, (0, 0, 0, False))]
+    blobs = [encode_record(OpRecord(i, "match", 10 * i, 10 * i + 5, None, ctx, i, i - 1,
+                                    {"key_tokens": i} if i != 3 else None, None), muts, last)
+             for i, (ctx, muts) in enumerate([(ctx_a1, [(1, 0, "node.touch", 2, None, None, 7)]),
+                                              (ctx_a2, []), (None, []), (invalid, []),
+                                              (otel_context.Context(), [])])]
+    assert all(type(b) is bytes for b in blobs)  # untracked by the garbage collector
+    ops, muts = decode_records(pickle.loads(pickle.dumps(blobs)))
     sc = a.get_span_context()
     assert [(o.parent_trace_id, o.parent_span_id) for o in ops] == [
         (sc.trace_id, sc.span_id), (sc.trace_id, sc.span_id), (0, 0), (0, 0), (0, 0)]
     assert ops[0].parent_flags & 1 and ops[3].attrs == {}  # sampled; None attrs -> {}
     assert [o.op_id for o in ops] == [0, 1, 2, 3, 4]
     assert muts == [(1, 0, "node.touch", 2, None, None, 7)]
+    # an attribute pickle cannot take is kept as text instead of losing the record
+    odd = encode_record(OpRecord(9, "insert", 0, 1, None, None, 1, 0, {"x": lambda: 0}, None),
+                        [(1, 9, "node.create", 3, None, None, (0, threading_lock(), (1, 2)))],
+                        last)
+    (op,), (m,) = decode_records([odd])
+    assert op.attrs["x"].startswith("<function") and m[6][2] == (1, 2)
+
+
+def threading_lock():
+    import threading
+
+    return threading.Lock()
