@@ -14,11 +14,12 @@ import torch
 
 from cache import admission as _admission
 from cache import events as ev
-from cache import eviction, invariants, transfers
+from cache import eviction, insertion, invariants, transfers
 from cache.config import CacheConfig
 from cache.errors import InvariantViolation
 from cache.events import Recorder
-from cache.keys import TokenKey, ceil_paged, check_namespace, match_len, normalize_key
+from cache.keys import ceil_paged, check_namespace, key_len, normalize_key
+from cache.op_attrs import op_attrs
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
 from cache.snapshot import CacheSnapshot
 from cache.state import DEVICE, HOST, TIERS, CacheCore
@@ -52,7 +53,7 @@ class HiRadixCache(CacheCore):
             self._end(tok, op, req_id, None, e)
             raise
         if tok is not None:
-            self._end(tok, op, req_id, _attrs(self, op, out, args))
+            self._end(tok, op, req_id, op_attrs(self, op, out, args))
         else:
             self._depth -= 1
         return out
@@ -93,7 +94,7 @@ class HiRadixCache(CacheCore):
         return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
 
     def _match(self, tokens: tuple[int, ...], extra_key, cow: bool) -> MatchResult:
-        tree, page = self.tree, self.page_size
+        tree = self.tree
         dev_v = [c.validator(False) for c in self.comps]
         any_v = [c.validator(True) for c in self.comps]
         path: list[Node] = []
@@ -101,12 +102,10 @@ class HiRadixCache(CacheCore):
         matched = full_len = 0
         node, off, n = tree.root, 0, len(tokens)
         while off < n:
-            child = node.children.get(tree.file_key(node, tokens, off, extra_key))
-            if child is None:
+            step = tree.descend(node, tokens, off, extra_key)
+            if step is None:
                 break
-            k = match_len(tokens, off, child.key, page)
-            if k == 0:
-                break
+            child, k = step
             if k < len(child.key):
                 child = self.split(child, k)
             path.append(child)
@@ -178,21 +177,22 @@ class HiRadixCache(CacheCore):
             counts and recency; write-through backups; the MAMBA per-path cap.
         Emits: one ``insert`` op; structure, state, pool and transfer mutations.
         """
-        raw_len = _key_len(key)
+        raw_len = key_len(key)
         tokens = normalize_key(key, self.page_size)
         check_namespace(extra_key)
-        idx = self._check_indices(device_indices, raw_len, "device_indices", None)
+        idx = insertion.check_indices(self, device_indices, raw_len, "device_indices", None)
         swa = None
         if "swa" in self.ci:
             if swa_indices is None:
                 raise ValueError("swa_indices is required when the 'swa' component is configured")
-            swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
+            swa = insertion.check_indices(self, swa_indices, raw_len, "swa_indices", None)
         elif swa_indices is not None:
             raise ValueError("swa_indices given but the 'swa' component is not configured")
         if mamba_slot is not None:
             if "mamba" not in self.ci:
                 raise ValueError("mamba_slot given but the 'mamba' component is not configured")
-            mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", self.ci["mamba"])
+            mamba_slot = insertion.check_indices(self, mamba_slot, 1, "mamba_slot",
+                                                 self.ci["mamba"])
         for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
@@ -201,109 +201,13 @@ class HiRadixCache(CacheCore):
                              f"(page_size={self.page_size})")
         if swa is not None:
             lo = min(max(swa_evicted_len, prev_prefix_len), len(tokens))
-            self._check_live(swa[lo:len(tokens)], self.ci["swa"], "swa_indices")
-        self._check_live(idx[prev_prefix_len:len(tokens)], 0, "device_indices")
+            insertion.check_live(self, swa[lo:len(tokens)], self.ci["swa"], "swa_indices")
+        insertion.check_live(self, idx[prev_prefix_len:len(tokens)], 0, "device_indices")
         n = len(tokens)
-        return self._run(ev.OP_INSERT, req_id, self._insert, tokens, extra_key, idx[:n],
+        return self._run(ev.OP_INSERT, req_id, insertion.insert_walk, self, tokens, extra_key,
+                         idx[:n],
                          None if swa is None else swa[:n], mamba_slot, prev_prefix_len,
                          swa_evicted_len)
-
-    def _check_indices(self, t, length: int, name: str, ci: int | None) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of slot indices, got "
-                            f"{type(t).__name__}")
-        if t.dim() != 1 or t.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"{name} must be a 1-D int64 tensor, got {t.dtype} "
-                            f"shape {tuple(t.shape)}")
-        if t.numel() != length:
-            raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
-        t = t.to(device="cpu", dtype=torch.int64)
-        if ci is not None:
-            self._check_live(t, ci, name)
-        return t
-
-    def _check_live(self, t: torch.Tensor, ci: int, name: str) -> None:
-        if t.numel():
-            self.device_pools[ci].alloc.check_live(t, name)
-
-    def _insert(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
-        tree, page = self.tree, self.page_size
-        si = self.ci.get("swa")
-        node, off, n = tree.root, 0, len(tokens)
-        swa_from = max(swa_ev, prev)
-        while off < n:
-            child = node.children.get(tree.file_key(node, tokens, off, extra_key))
-            if child is None:
-                break
-            k = match_len(tokens, off, child.key, page)
-            if k == 0:
-                break
-            if k < len(child.key):
-                child = self.split(child, k)
-            if si is not None and off < swa_from < off + k and child.data[si].value is None:
-                child = self.split(child, swa_from - off)  # heal only the live part
-                k = len(child.key)
-            self._overlap(child, off, k, idx, swa, prev, swa_from, si)
-            node, off = child, off + k
-        prefix_len = off
-        if off < n and si is not None and off < swa_ev:
-            mid = min(swa_ev, n)  # below the caller's live SWA range: FULL only (tombstone)
-            node = self._new_leaf_with(node, tokens[off:mid], extra_key, idx, off, None, si)
-            off = mid
-        if off < n:
-            node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, swa, si)
-        mamba_exist = False
-        if mamba_slot is not None and node.parent is not None:
-            mi = self.ci["mamba"]
-            if node.data[mi].value is not None:
-                mamba_exist = True
-                self.free_slots(mi, DEVICE, mamba_slot)
-            else:
-                self.set_value(node, mi, DEVICE, mamba_slot.clone())
-            self.request_held[mi][DEVICE] -= 1
-        elif mamba_slot is not None:
-            self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
-            self.request_held[self.ci["mamba"]][DEVICE] -= 1
-        self.touch(node)
-        backups = transfers.backup_after_insert(self, node) if node.parent is not None else ()
-        if "mamba" in self.ci and node.parent is not None:
-            eviction.enforce_mamba_cap(self, node)
-        return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
-
-    def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
-        leaf = self.new_leaf(parent, key, extra_key)
-        end = off + len(key)
-        self.set_value(leaf, 0, DEVICE, idx[off:end].clone())
-        self.request_held[0][DEVICE] -= len(key)
-        if swa is not None:
-            self.set_value(leaf, si, DEVICE, swa[off:end].clone())
-            self.request_held[si][DEVICE] -= len(key)
-        return leaf
-
-    def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
-                 si: int | None) -> None:
-        end = off + k
-        f = node.data[0]
-        if f.value is None:
-            if off >= prev:  # un-evict: adopt the caller's fresh slots
-                self.set_value(node, 0, DEVICE, idx[off:end].clone())
-                self.request_held[0][DEVICE] -= k
-        else:
-            lo = max(off, prev)
-            if lo < end:
-                self.free_slots(0, DEVICE, idx[lo:end])
-                self.request_held[0][DEVICE] -= end - lo
-        if si is None:
-            return
-        s = node.data[si]
-        lo = max(off, swa_from)
-        if lo >= end:
-            return
-        if s.value is None and lo == off and node.data[0].value is not None:
-            self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
-        else:
-            self.free_slots(si, DEVICE, swa[lo:end])
-        self.request_held[si][DEVICE] -= end - lo
 
     # ---- locks ----------------------------------------------------------------------------
     def lock(self, node: int, *, owner: str | None = None, req_id: str | None = None
@@ -532,50 +436,9 @@ class HiRadixCache(CacheCore):
         return self.pool(self._ci_of(component), TIERS.index(tier)).alloc.available
 
 
-def _key_len(key) -> int:
-    if type(key) is TokenKey:
-        return len(key.tokens)
-    try:
-        return len(key)
-    except TypeError:
-        raise TypeError(f"key must be a sequence of ints or a 1-D tensor, got "
-                        f"{type(key).__name__}") from None
-
-
 def _check_amount(name: str, v) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
-
-
-def _attrs(cache: HiRadixCache, op: str, out, args) -> dict:
-    if op == ev.OP_MATCH:
-        return {ev.A_KEY_TOKENS: out.key_len, ev.A_DEVICE_TOKENS: out.device_prefix_len,
-                ev.A_HOST_TOKENS: out.host_hit_length, ev.A_SWA_HOST_TOKENS: out.swa_host_hit_length,
-                ev.A_MAMBA_HOST: out.mamba_host_hit_length, ev.A_NODE: out.last_device_node,
-                ev.A_BEST_NODE: out.best_match_node, ev.A_EXTRA_KEY: out.extra_key}
-    if op == ev.OP_INSERT:
-        return {ev.A_KEY_TOKENS: out.key_len, ev.A_PREFIX_LEN: out.prefix_len,
-                ev.A_NEW_TOKENS: out.new_tokens, ev.A_NODE: out.last_node}
-    if op == ev.OP_LOCK:
-        return {ev.A_RECEIPT: out.receipt_id, ev.A_NODE: out.anchor, ev.A_OWNER: out.owner,
-                ev.A_NODES: len(out.skipped)}
-    if op in (ev.OP_UNLOCK, ev.OP_RELEASE_SWA):
-        entry = args[0]
-        return {ev.A_RECEIPT: entry.receipt_id, ev.A_NODE: entry.anchor, ev.A_OWNER: entry.owner}
-    if op == ev.OP_ALLOC:
-        return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out.numel()}
-    if op == ev.OP_FREE:
-        return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out}
-    if op in (ev.OP_EVICT, ev.OP_EVICT_HOST):
-        return {ev.A_COMPONENT: cache.comps[args[1]].name, ev.A_REQUESTED: out.requested,
-                ev.A_FREED_TOKENS: out.freed_of(cache.comps[args[1]].name),
-                ev.A_FREED: dict(out.freed), ev.A_NODES: len(out.evicted_nodes)}
-    if op == ev.OP_BACKUP:
-        return {ev.A_TRANSFER: out, ev.A_NODE: args[1].id}
-    if op == ev.OP_LOAD_BACK:
-        return {ev.A_NODE: out.anchor, ev.A_TRANSFER: out.transfer_id,
-                ev.A_TOKENS: out.loaded_of("full"), ev.A_FREED: dict(out.loaded)}
-    return {}
 
 
 __all__ = ["HiRadixCache", "HOST", "DEVICE"]

@@ -117,3 +117,14 @@ def child_key(tokens: tuple[int, ...], offset: int, page_size: int) -> object:
 
 def ceil_paged(n: int, page_size: int) -> int:
     return -(-n // page_size) * page_size
+
+
+def key_len(key) -> int:
+    """Length of a key before validation (TypeError for a non-sequence)."""
+    if type(key) is TokenKey:
+        return len(key.tokens)
+    try:
+        return len(key)
+    except TypeError:
+        raise TypeError(f"key must be a sequence of ints or a 1-D tensor, got "
+                        f"{type(key).__name__}") from None

@@ -71,6 +71,16 @@ class RadixTree:
         ck = child_key(tokens, offset, self.page_size)
         return (extra_key, ck) if parent.parent is None else ck
 
+    def descend(self, node: Node, tokens: tuple[int, ...], off: int, extra_key: object
+                ) -> tuple[Node, int] | None:
+        """The child of ``node`` that ``tokens[off:]`` enters and how many of its tokens match
+        (page-rounded, > 0), or None. No mutation."""
+        child = node.children.get(self.file_key(node, tokens, off, extra_key))
+        if child is None:
+            return None
+        k = match_len(tokens, off, child.key, self.page_size)
+        return (child, k) if k else None
+
     def walk(self, tokens: tuple[int, ...], extra_key: object):
         """Yield ``(node, matched)`` down the path of ``tokens``: each child visited and how many
         of its tokens match (a partial match is the last one yielded). No mutation."""

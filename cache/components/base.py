@@ -45,8 +45,15 @@ class Component:
 
     # ---- match phase -----------------------------------------------------------------------
     def validator(self, host_ok: bool) -> Callable[[Node], bool]:
-        """A stateful predicate fed the matched path top-down: is this node a valid match end?"""
-        raise NotImplementedError
+        """A predicate fed the matched path top-down: is this node a valid match end? Default:
+        the component holds data on the node (on device; or on host when ``host_ok``).
+        Stateful components (SWA) override it."""
+        i = self.index
+
+        def valid(node: Node) -> bool:
+            d = node.data[i]
+            return d.value is not None or (host_ok and d.host_value is not None)
+        return valid
 
     # ---- recency phase -------------------------------------------------------------------
     def recency_span(self, path: list[Node]) -> int:

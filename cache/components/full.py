@@ -11,14 +11,6 @@ class FullComponent(Component):
     priority = 2
     uses_lru = False
 
-    def validator(self, host_ok: bool):
-        i = self.index
-
-        def valid(node: Node) -> bool:
-            d = node.data[i]
-            return d.value is not None or (host_ok and d.host_value is not None)
-        return valid
-
     def lock_pins(self, path: list[Node]) -> list[Node]:
         return path  # the whole device-resident path to the root
 

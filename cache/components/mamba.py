@@ -22,14 +22,6 @@ class MambaComponent(Component):
     def split(self, child: ComponentData, new: ComponentData, k: int) -> None:
         pass  # the state belongs to the child's end; the new parent gets none
 
-    def validator(self, host_ok: bool):
-        i = self.index
-
-        def valid(node: Node) -> bool:
-            d = node.data[i]
-            return d.value is not None or (host_ok and d.host_value is not None)
-        return valid
-
     def lock_pins(self, path: list[Node]) -> list[Node]:
         return path[:1]
 
