@@ -15,6 +15,7 @@ from typing import Any
 from telemetry.health import Health, merge_stats
 from telemetry.names import EVENT_ADMISSION
 from telemetry.pipeline import Pipeline
+from telemetry.reader import StoreReader
 from telemetry.recorder import TelemetryRecorder
 
 
@@ -135,13 +136,15 @@ class Telemetry:
         "notes": {...}}``: this process's counters plus the sinks' own as of the last flush."""
         return merge_stats(self.health.snapshot(), self.pipeline.last_stats or {})
 
-    def open_store(self):
-        """A read-only reader of this setup's store (``telemetry.open_store``)."""
-        from telemetry.reader import open_store
+    def open_store(self) -> StoreReader:
+        """A read-only reader of this setup's store (``telemetry.open_store``).
 
+        Raises:
+            ValueError: this setup has no store.
+        """
         if self.store_path is None:
             raise ValueError("this telemetry setup has no store (setup(store=None))")
-        return open_store(self.store_path)
+        return StoreReader(self.store_path)
 
     def __enter__(self) -> Telemetry:
         return self
