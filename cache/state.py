@@ -22,7 +22,7 @@ from cache.errors import CacheOutOfMemory
 from cache.events import Recorder
 from cache.pools import KVPool, StatePool
 from cache.recording import Recording
-from cache.tree import ROOT_ID, Node, RadixTree
+from cache.tree import Node, RadixTree
 
 log = logging.getLogger("radixscope.cache")
 
@@ -388,6 +388,3 @@ class CacheCore(Recording):
     @property
     def root(self) -> Node:
         return self.tree.root
-
-    def is_root_id(self, node_id: int) -> bool:
-        return node_id == ROOT_ID

@@ -21,7 +21,7 @@ from cache import events as ev
 from cache import eviction
 from cache.errors import StaleHandle
 from cache.results import LoadBackResult, PoolCopy, Transfer
-from cache.state import DEVICE, HOST, TIERS, CacheCore
+from cache.state import DEVICE, HOST, CacheCore
 from cache.tree import Node
 
 
@@ -382,5 +382,4 @@ def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
     core.end_transfer(tok, attrs, started or t.created_ns)
 
 
-__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back", "poll",
-           "TIERS"]
+__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back", "poll"]

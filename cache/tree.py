@@ -86,12 +86,10 @@ class RadixTree:
         of its tokens match (a partial match is the last one yielded). No mutation."""
         node, off, n = self.root, 0, len(tokens)
         while off < n:
-            child = node.children.get(self.file_key(node, tokens, off, extra_key))
-            if child is None:
+            step = self.descend(node, tokens, off, extra_key)
+            if step is None:
                 return
-            k = match_len(tokens, off, child.key, self.page_size)
-            if k == 0:
-                return
+            child, k = step
             yield child, k
             if k < len(child.key):
                 return

@@ -104,12 +104,15 @@ class Telemetry:
         """
         if self.closed:
             return self.stats()
+        self._flush_providers()
+        self.pipeline.flush(timeout_s)
+        return self.stats()
+
+    def _flush_providers(self) -> None:
         for p in self._owned + self._borrowed:
             if hasattr(p, "force_flush"):
                 with self.health.guard("provider.force_flush"):
                     p.force_flush()
-        self.pipeline.flush(timeout_s)
-        return self.stats()
 
     def close(self, timeout_s: float = 30.0) -> dict:
         """Flush everything, stop the drain thread and the writer, shut down owned providers.
@@ -120,10 +123,7 @@ class Telemetry:
         """
         if self.closed:
             return self.stats()
-        for p in self._owned + self._borrowed:
-            if hasattr(p, "force_flush"):
-                with self.health.guard("provider.force_flush"):
-                    p.force_flush()
+        self._flush_providers()
         self.closed = True
         self.pipeline.close(timeout_s)
         for p in self._owned:
