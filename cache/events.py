@@ -139,8 +139,10 @@ class Recorder:
     def attach(self, info: dict, snapshot: Any) -> None:
         """Called once by the cache at construction with its config summary and first snapshot."""
 
-    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
-        """Called once per public operation with its mutations (tuples in ``Mutation`` order)."""
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
+        """Called once per public operation: ``op`` is a plain tuple in ``OpRecord`` field
+        order (``OpRecord._make(op)`` names it; plain, because this runs on every op), with
+        the op's mutations (tuples in ``Mutation`` order)."""
 
 
 class NullRecorder(Recorder):
@@ -164,7 +166,7 @@ class FlightRecorder(Recorder):
             raise ValueError(f"FlightRecorder capacity={capacity!r}: must be >= 1")
         self.capacity = capacity
         self.capture_context = capture_context
-        self.ops: collections.deque[OpRecord] = collections.deque(maxlen=capacity)
+        self.ops: collections.deque[tuple] = collections.deque(maxlen=capacity)  # OpRecord order
         self.mutations: collections.deque[tuple] = collections.deque(maxlen=capacity * 4)
         self.info: dict = {}
         self.initial_snapshot: Any = None
@@ -174,7 +176,7 @@ class FlightRecorder(Recorder):
         self.info = dict(info)
         self.initial_snapshot = snapshot
 
-    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
         self.ops.append(op)
         if mutations:
             self.mutations.extend(mutations)
@@ -182,7 +184,7 @@ class FlightRecorder(Recorder):
     def tail(self, n_ops: int | None = None) -> tuple[list[OpRecord], list[Mutation]]:
         """Copy of the last ``n_ops`` op records and every mutation still in the ring."""
         with self._lock:
-            ops = list(self.ops)
+            ops = [OpRecord._make(o) for o in self.ops]
             muts = [Mutation._make(m) for m in list(self.mutations)]
         if n_ops is not None:
             ops = ops[-n_ops:]

@@ -19,7 +19,6 @@ from cache.config import CacheConfig
 from cache.errors import InvariantViolation
 from cache.events import Recorder
 from cache.keys import ceil_paged, check_namespace, key_len, normalize_key
-from cache.op_attrs import op_attrs
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
 from cache.snapshot import CacheSnapshot
 from cache.state import DEVICE, HOST, TIERS, CacheCore
@@ -45,19 +44,6 @@ class HiRadixCache(CacheCore):
             self.recorder.attach(self.info(), self.snapshot())
 
     # ---- plumbing -------------------------------------------------------------------------
-    def _run(self, op: str, req_id, fn, *args):
-        tok = self._begin()
-        try:
-            out = fn(*args)
-        except BaseException as e:
-            self._end(tok, op, req_id, None, e)
-            raise
-        if tok is not None:
-            self._end(tok, op, req_id, op_attrs(self, op, out, args))
-        else:
-            self._depth -= 1
-        return out
-
     def info(self) -> dict:
         return {
             "config": self.config.summary(),
@@ -374,8 +360,7 @@ class HiRadixCache(CacheCore):
         try:
             invariants.check(self)
         except InvariantViolation as e:
-            if self.error_hook is not None and self._depth == 0:
-                self._run_error_hook(ev.OP_CHECK, e, None)
+            self._after_error(ev.OP_CHECK, e)
             raise
 
     def violations(self) -> list[tuple[str, int | None, str]]:

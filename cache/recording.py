@@ -1,9 +1,11 @@
 """Recording: one op record per public operation and one mutation per state change, handed to
-the recorder the cache was given. The hot path only builds tuples and appends them; nothing
+the recorder the cache was given. The hot path only builds plain tuples and appends them (an op
+record is a tuple in ``OpRecord`` field order; recorders name it when they need to); nothing
 here runs when the recorder is disabled (the default ``NullRecorder``)."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -11,13 +13,26 @@ from typing import TYPE_CHECKING
 from opentelemetry import context as otel_context
 
 from cache import events as ev
-from cache.events import NULL_RECORDER, OpRecord, Recorder
+from cache.events import NULL_RECORDER, Recorder
+from cache.op_attrs import OP_ATTRS
 
 if TYPE_CHECKING:
     from cache.tree import Node
 
 log = logging.getLogger("radixscope.cache")
 TIERS = (ev.TIER_DEVICE, ev.TIER_HOST)
+_time_ns = time.time_ns
+
+
+def _context_getter():
+    """The function that returns the caller's OTel context: the API's own ``ContextVar.get``
+    when the default runtime context is in use (one C call per op instead of three Python
+    ones), ``opentelemetry.context.get_current`` otherwise."""
+    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var.get if isinstance(var, contextvars.ContextVar) else otel_context.get_current
+
+
+_current_context = _context_getter()
 
 
 class Recording:
@@ -27,6 +42,7 @@ class Recording:
         self.recorder = recorder or NULL_RECORDER
         self._on = bool(self.recorder.enabled)
         self._ctx = bool(getattr(self.recorder, "capture_context", False))
+        self._record = self.recorder.record
         self.seq = 0
         self._op_id = 0
         self._cur_op = 0
@@ -36,28 +52,61 @@ class Recording:
         self.error_hook = None  # called with (op, exception) when an operation raises
         self.bundle_writer = None  # set by telemetry.crash.install_crash_bundles
 
+    def _run(self, op: str, req_id, fn, *args):
+        """Run one public operation ``fn(*args)`` and record it (the hot path of every op).
+
+        Nested internal calls (and every call while recording is off) run plainly: an op's
+        record covers everything it did, including the public operations it called."""
+        if self._depth or not self._on:
+            return self._run_unrecorded(op, fn, args)
+        self._depth = 1
+        self._op_id = op_id = self._op_id + 1
+        self._cur_op = op_id
+        ctx = _current_context() if self._ctx else None
+        seq_first = self.seq + 1
+        start = _time_ns()
+        try:
+            out = fn(*args)
+        except BaseException as e:
+            self._depth = 0
+            self._emit_record((op_id, op, start, _time_ns(), req_id, ctx, seq_first, self.seq,
+                               {}, f"{type(e).__name__}: {e}"))
+            self._after_error(op, e)
+            raise
+        self._depth = 0
+        end = _time_ns()
+        muts, self._muts = self._muts, []
+        try:
+            self._record((op_id, op, start, end, req_id, ctx, seq_first, self.seq,
+                          OP_ATTRS[op](self, out, args), None), muts)
+        except Exception:  # telemetry must never break the cache; counted and logged
+            self._recorder_failed(op)
+        return out
+
+    def _run_unrecorded(self, op: str, fn, args):
+        self._depth += 1
+        try:
+            out = fn(*args)
+        except BaseException as e:
+            self._depth -= 1
+            self._after_error(op, e)
+            raise
+        self._depth -= 1
+        return out
+
+    def _after_error(self, op: str, error: BaseException) -> None:
+        # the failing op is on record before the hook (a crash bundle) looks for it
+        if self._depth == 0 and self.error_hook is not None:
+            self._run_error_hook(op, error)
+
     def _begin(self):
-        """Start an op record (nested internal calls share the outer op)."""
+        """Start a record outside ``_run`` (transfer acks); nested calls share the outer op."""
         self._depth += 1
         if not self._on or self._depth > 1:
             return None
         self._op_id += 1
         self._cur_op = self._op_id
-        ctx = otel_context.get_current() if self._ctx else None
-        return (self._op_id, time.time_ns(), self.seq + 1, ctx)
-
-    def _end(self, tok, op: str, req_id, attrs: dict | None, error: BaseException | None = None
-             ) -> None:
-        self._depth -= 1
-        if tok is not None:
-            op_id, start, seq_first, ctx = tok
-            muts, self._muts = self._muts, []
-            err = None if error is None else f"{type(error).__name__}: {error}"
-            self._emit_record(OpRecord(op_id, op, start, time.time_ns(), req_id, ctx, seq_first,
-                                       self.seq, attrs or {}, err), muts)
-        # the failing op is on record before the hook (a crash bundle) looks for it
-        if error is not None and self._depth == 0 and self.error_hook is not None:
-            self._run_error_hook(op, error, tok)
+        return (self._op_id, _time_ns(), self.seq + 1)
 
     def end_transfer(self, tok, attrs: dict, start_ns: int) -> None:
         """Close a transfer ack: its own ``transfer`` op record when top-level; when nested in
@@ -65,24 +114,29 @@ class Recording:
         gets a record of its own with no mutations, so it still becomes a linked span."""
         self._depth -= 1
         if tok is not None:
-            op_id, _start, seq_first, _ctx = tok
-            muts, self._muts = self._muts, []
+            op_id, _start, seq_first = tok
         elif self._on:
             self._op_id += 1
-            op_id, seq_first, muts = self._op_id, self.seq + 1, []
+            op_id, seq_first = self._op_id, self.seq + 1
         else:
             return
-        self._emit_record(OpRecord(op_id, ev.OP_TRANSFER, start_ns, time.time_ns(), None, None,
-                                   seq_first, self.seq, attrs, None), muts)
+        self._emit_record((op_id, ev.OP_TRANSFER, start_ns, _time_ns(), None, None, seq_first,
+                           self.seq, attrs, None), tok is not None)
 
-    def _emit_record(self, rec: OpRecord, muts: list[tuple]) -> None:
+    def _emit_record(self, rec: tuple, take_muts: bool = True) -> None:
+        muts: list[tuple] = []
+        if take_muts:
+            muts, self._muts = self._muts, []
         try:
-            self.recorder.record(rec, muts)
+            self._record(rec, muts)
         except Exception:  # telemetry must never break the cache; counted and logged
-            self.recorder_errors += 1
-            log.exception("recorder failed on op %s (failure #%d)", rec.op, self.recorder_errors)
+            self._recorder_failed(rec[1])
 
-    def _run_error_hook(self, op: str, error: BaseException, tok) -> None:
+    def _recorder_failed(self, op: str) -> None:
+        self.recorder_errors += 1
+        log.exception("recorder failed on op %s (failure #%d)", op, self.recorder_errors)
+
+    def _run_error_hook(self, op: str, error: BaseException) -> None:
         hook, self.error_hook = self.error_hook, None  # no recursion if the hook itself fails
         try:
             hook(op, error)
@@ -108,5 +162,7 @@ class Recording:
 
     def _emit_pool(self, ci: int, tier: int) -> None:
         if self._on:
-            self._m(ev.POOL_AVAILABLE, None, self.comps[ci].name, TIERS[tier],
-                    self.pool(ci, tier).alloc.available)
+            self.seq = seq = self.seq + 1
+            pool = (self.device_pools if tier == 0 else self.host_pools)[ci]
+            self._muts.append((seq, self._cur_op, ev.POOL_AVAILABLE, None, self.comps[ci].name,
+                               TIERS[tier], pool.alloc.available))

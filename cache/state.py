@@ -247,7 +247,7 @@ class CacheCore(Recording):
         """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that
         keeps the lock live), otherwise all of them, retiring the lock."""
         nodes = self.tree.nodes
-        out = self._pins_out(entry, cis)
+        out = self._pins_out(entry, cis) if self._on else None
         touched = {}
         for ci in sorted(entry.pins):
             if cis is not None and ci not in cis:

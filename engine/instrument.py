@@ -31,7 +31,7 @@ class CountingRecorder(Recorder):
         self.evicted: Counter[tuple[str, str]] = Counter()  # (component, tier) -> slots dropped
         self.transfers: Counter[str] = Counter()  # kind -> transfers started
         self.moved: Counter[tuple[str, str]] = Counter()  # (kind, component) -> slots
-        self.last_op: OpRecord | None = None
+        self._last_op: tuple | None = None
         self._state: dict[tuple[int, str], tuple[int | None, int | None]] = {}
         self._comps: tuple[str, ...] = ()
 
@@ -43,9 +43,15 @@ class CountingRecorder(Recorder):
         if self.inner is not None:
             self.inner.attach(info, snapshot)
 
-    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
-        self.op_ns[op.op].append(op.end_ns - op.start_ns)
-        self.last_op = op
+    @property
+    def last_op(self) -> OpRecord | None:
+        """The latest op record, named."""
+        return None if self._last_op is None else OpRecord._make(self._last_op)
+
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
+        """Tally one op (a plain tuple in ``OpRecord`` order) and forward it."""
+        self.op_ns[op[1]].append(op[3] - op[2])
+        self._last_op = op
         state = self._state
         for m in mutations:
             kind = m[2]

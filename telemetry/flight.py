@@ -83,7 +83,7 @@ class KeyframedFlightRecorder(FlightRecorder):
         super().attach(info, snapshot)
         self.base = RingBase(snapshot)
 
-    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
         self.ops.append(op)
         if mutations:
             self.mutations.extend(mutations)
@@ -108,7 +108,7 @@ class KeyframedFlightRecorder(FlightRecorder):
         """
         with self._lock:
             start = self.base.snapshot() if self.base is not None else None
-            ops = list(self.ops)
+            ops = [OpRecord._make(o) for o in self.ops]
             muts = [Mutation._make(m) for m in self.mutations]
         if n_ops is not None:
             ops = ops[-n_ops:]

@@ -89,7 +89,7 @@ class TelemetryRecorder(FlightRecorder):
             self.side.append(("attach", self.info, snapshot))
             self.attached.set()
 
-    def record(self, op: OpRecord, mutations: list[tuple]) -> None:
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
         """The hot path: encode, append. Never raises."""
         try:
             q = self.pending
@@ -97,13 +97,13 @@ class TelemetryRecorder(FlightRecorder):
                 q.append(encode_record(op, mutations, self._last))
             else:
                 self._overflow(op, mutations)
-            self.recorded_seq = op.seq_last
+            self.recorded_seq = op[7]  # seq_last
         except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
             self.health.fail("record", e)
             self.health.drop(DROP_OP)
             self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
-    def _overflow(self, op: OpRecord, mutations: list[tuple]) -> None:
+    def _overflow(self, op: tuple, mutations: list[tuple]) -> None:
         if self.overflow == "block" and not self.closed:
             self.wake.set()
             self._room.clear()
