@@ -147,22 +147,21 @@ class Recording:
 
     def _m(self, kind: str, node, comp, tier, value) -> None:
         if self._on:
-            self.seq += 1
-            self._muts.append((self.seq, self._cur_op, kind, node, comp, tier, value))
+            self.seq = seq = self.seq + 1
+            self._muts.append((seq, self._cur_op, kind, node, comp, tier, value))
 
     def _emit_state(self, node: Node, ci: int) -> None:
         if self._on:
             d = node.data[ci]
             comp = self.comps[ci]
-            self.seq += 1
-            self._muts.append((self.seq, self._cur_op, ev.COMP_STATE, node.id, comp.name, None, (
+            self.seq = seq = self.seq + 1
+            self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, comp.name, None, (
                 None if d.value is None else comp.size(d.value),
                 None if d.host_value is None else comp.size(d.host_value),
                 d.lock_ref, d.host_ref)))
 
-    def _emit_pool(self, ci: int, tier: int) -> None:
-        if self._on:
-            self.seq = seq = self.seq + 1
-            pool = (self.device_pools if tier == 0 else self.host_pools)[ci]
-            self._muts.append((seq, self._cur_op, ev.POOL_AVAILABLE, None, self.comps[ci].name,
-                               TIERS[tier], pool.alloc.available))
+    def _emit_pool(self, ci: int, tier: int, available: int) -> None:
+        """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""
+        self.seq = seq = self.seq + 1
+        self._muts.append((seq, self._cur_op, ev.POOL_AVAILABLE, None, self.comps[ci].name,
+                           TIERS[tier], available))

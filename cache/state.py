@@ -100,14 +100,17 @@ class CacheCore(Recording):
 
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
-        n = self.pool(ci, tier).alloc.free(idx, checked)
-        self._emit_pool(ci, tier)
+        alloc = (self.device_pools if tier == DEVICE else self.host_pools)[ci].alloc
+        n = alloc.free(idx, checked)
+        if self._on:
+            self._emit_pool(ci, tier, alloc.available)
         return n
 
     def take_slots(self, ci: int, tier: int, n: int) -> torch.Tensor | None:
-        out = self.pool(ci, tier).alloc.alloc(n)
-        if out is not None and n:
-            self._emit_pool(ci, tier)
+        alloc = (self.device_pools if tier == DEVICE else self.host_pools)[ci].alloc
+        out = alloc.alloc(n)
+        if out is not None and n and self._on:
+            self._emit_pool(ci, tier, alloc.available)
         return out
 
     def oom(self, ci: int, tier: int, requested: int, note: str = "") -> CacheOutOfMemory:
@@ -139,7 +142,8 @@ class CacheCore(Recording):
             self._lru_place(node, ci)
         if ci == 0:
             self.refresh_leaf(node)
-        self._emit_state(node, ci)
+        if self._on:
+            self._emit_state(node, ci)
 
     def _lru_place(self, node: Node, ci: int) -> None:
         dev, host = self.lru[ci]
@@ -231,7 +235,7 @@ class CacheCore(Recording):
                             self.protected[ci][1] += size(d.host_value)
                     d.host_ref += 1
         entry = LockEntry(rid, owner, anchor.id, tier,
-                          {ci: [n.id for n in nodes] for ci, nodes in pins.items() if nodes})
+                          {ci: [n.id for n in nodes] for ci, nodes in sorted(pins.items()) if nodes})
         self.locks[rid] = entry
         for node in first.values():
             self.refresh_leaf(node)
@@ -240,8 +244,10 @@ class CacheCore(Recording):
         return rid
 
     def _pins_out(self, entry: LockEntry, cis=None) -> tuple:
-        return tuple((self.comps[ci].name, tuple(ids)) for ci, ids in sorted(entry.pins.items())
-                     if cis is None or ci in cis)
+        # entry.pins is in component order (built from sorted pins; releases only delete)
+        comps = self.comps
+        return tuple([(comps[ci].name, tuple(ids)) for ci, ids in entry.pins.items()
+                      if cis is None or ci in cis])
 
     def release(self, entry: LockEntry, cis: set[int] | None = None) -> None:
         """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that

@@ -66,7 +66,7 @@ class TelemetryRecorder(FlightRecorder):
         self.pending: collections.deque[bytes] = collections.deque()
         self.ring: collections.deque[bytes] = collections.deque(maxlen=max(1, ring_capacity))
         self.recorded_seq = -1  # seq_last of the newest op recorded
-        self._last: list = [(None, (0, 0, 0, False))]  # (caller span, its ids): see encode
+        self._last: list = [(None, (0, 0, 0, False))]  # (caller context, its span's ids): see encode
         self.side: collections.deque[tuple] = collections.deque()
         self.attached = threading.Event()
         self.closed = False

@@ -52,7 +52,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
           capture_host_spans: bool = True, keyframe_every: int = 20000,
           sample_every_ms: float = 100.0, queue_capacity: int = 262144,
           overflow: str = "block", block_timeout_s: float = 2.0,
-          drain_interval_s: float = 0.05, capture_context: bool = True,
+          drain_interval_s: float = 0.1, capture_context: bool = True,
           writer_nice: int = 10, flight_ring: int = 4096) -> Telemetry:
     """Start telemetry and return its handle.
 
@@ -81,7 +81,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         queue_capacity: op records the recorder buffers before its overflow policy applies.
         overflow: ``"block"`` (wait up to ``block_timeout_s``, then drop) or ``"drop"``.
         block_timeout_s: see ``overflow``.
-        drain_interval_s: longest drain period (when idle; every 5 ms while busy).
+        drain_interval_s: drain period (the store and exporters lag the cache by about this).
         capture_context: capture the caller's OTel context per op (span parenting).
         writer_nice: niceness increment of the writer process (0 = same priority).
         flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
