@@ -23,6 +23,7 @@ all threads; and the writer process) are the steadier view of what telemetry cos
 
     python bench/bench_telemetry.py                       # both workloads, 5 reps
     python bench/bench_telemetry.py --workload engine --requests 300 --reps 7
+    python bench/bench_telemetry.py --stages --reps 7      # where the cost goes, stage by stage
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ if str(ROOT) not in sys.path:
 
 import telemetry  # noqa: E402
 from cache import CacheConfig, HiRadixCache  # noqa: E402
+from cache.events import Recorder  # noqa: E402
 
 
 # ---- workloads -------------------------------------------------------------------------------
@@ -219,6 +221,81 @@ def bench(name: str, prepare, reps: int, tmp: Path) -> dict:
     return res
 
 
+class _DropRecorder(Recorder):
+    """Takes every record and keeps nothing: what the cache's own recording costs."""
+
+    enabled = True
+    capture_context = True
+
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
+        pass
+
+
+class _NullTransport:
+    """A transport that discards what the drain thread ships: what the drain thread costs."""
+
+    def send(self, messages: list[tuple]) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> dict:
+        return {}
+
+    def close(self, timeout_s: float) -> dict:
+        return {}
+
+
+STAGES = ("off", "record", "encode", "drain", "full")
+
+
+def stages(name: str, prepare, reps: int, tmp: Path) -> None:
+    """Where the cost goes: each stage adds one part of the pipeline. ``record``: the cache
+    builds its records for a recorder that drops them; ``encode``: the real recorder encodes
+    and queues them (nothing drains); ``drain``: plus the drain thread, shipping to nowhere;
+    ``full``: ``telemetry.setup`` (plus the writer process). Stages alternate within each rep;
+    the cache thread's CPU time and wall time per stage, best and median of ``reps``."""
+    from telemetry.health import Health
+    from telemetry.pipeline import Pipeline
+    from telemetry.recorder import TelemetryRecorder
+
+    res: dict[str, list[tuple[float, float]]] = {s: [] for s in STAGES}
+    for rep in range(reps):
+        for stage in STAGES:
+            tel = pipe = None
+            rec = None
+            if stage == "record":
+                rec = _DropRecorder()
+            elif stage in ("encode", "drain"):
+                health = Health()
+                rec = TelemetryRecorder(health, queue_capacity=1 << 30)
+                if stage == "drain":
+                    pipe = Pipeline(rec, _NullTransport(), health)
+            elif stage == "full":
+                tel = telemetry.setup(store=tmp / f"{name}-stages-{rep}.db", overwrite=True,
+                                      capture_host_spans=False, **SETUP)
+                rec = tel.recorder
+            run = prepare(rec, tel)
+            if tel is not None:
+                tel.flush()
+            th0, t0 = time.thread_time(), time.perf_counter()
+            run()
+            res[stage].append((time.thread_time() - th0, time.perf_counter() - t0))
+            if pipe is not None:
+                pipe.close()
+            if tel is not None:
+                tel.close(timeout_s=600)
+                tel.store_path.unlink(missing_ok=True)
+    med = statistics.median
+    base_th = min(r[0] for r in res["off"])
+    base_wall = min(r[1] for r in res["off"])
+    print(f"[{name}] stages, {reps} reps; cache thread CPU and wall time relative to off "
+          "(best-of / median)")
+    for stage in STAGES:
+        th = [r[0] for r in res[stage]]
+        wall = [r[1] for r in res[stage]]
+        print(f"  {stage:7s} thread {min(th) / base_th:.3f} / {med(th) / med(r[0] for r in res['off']):.3f}"
+              f"   wall {min(wall) / base_wall:.3f} / {med(wall) / med(r[1] for r in res['off']):.3f}")
+
+
 def once(on: bool, requests: int, seed: int) -> None:
     """One engine run, for instruction counts: ``valgrind --tool=callgrind --trace-children=yes
     python bench/bench_telemetry.py --once on --requests N`` at two sizes; the difference per
@@ -245,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--writer-nice", type=int, default=None,
                     help="telemetry.setup(writer_nice=...) (default: setup's default)")
+    ap.add_argument("--stages", action="store_true",
+                    help="break the cost down by pipeline stage instead of off vs on")
     ap.add_argument("--once", choices=("off", "on"),
                     help="one untimed engine run (to count instructions under valgrind)")
     args = ap.parse_args(argv)
@@ -258,10 +337,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        run = stages if args.stages else bench
         if args.workload in ("engine", "both"):
-            bench("engine chat", engine_workload(args.requests, args.seed), args.reps, tmp)
+            run("engine chat", engine_workload(args.requests, args.seed), args.reps, tmp)
         if args.workload in ("cache", "both"):
-            bench("bare cache loop", cache_workload(args.turns, args.seed), args.reps, tmp)
+            run("bare cache loop", cache_workload(args.turns, args.seed), args.reps, tmp)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,49 @@
 
 Public entry points: ``HiRadixCache`` and ``CacheConfig``; see ``cache/README.md`` for one row
 per operation.
+
+The names below are imported on first use (PEP 562), so that modules needing only the cache's
+plain-data parts (``cache.events``, ``cache.snapshot``: the telemetry writer process, the UI,
+notebooks reading a store) do not import torch.
 """
 
-from cache.config import CacheConfig
-from cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
-from cache.hiradix import HiRadixCache
-from cache.keys import TokenKey
-from cache.results import EvictResult, InsertResult, LoadBackResult, LockReceipt, MatchResult
+from __future__ import annotations
 
-__all__ = [
-    "CacheConfig", "HiRadixCache", "MatchResult", "InsertResult", "LockReceipt", "EvictResult",
-    "LoadBackResult", "CacheOutOfMemory", "InvariantViolation", "StaleHandle", "TokenKey",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CacheConfig": "cache.config",
+    "HiRadixCache": "cache.hiradix",
+    "TokenKey": "cache.keys",
+    "CacheOutOfMemory": "cache.errors",
+    "InvariantViolation": "cache.errors",
+    "StaleHandle": "cache.errors",
+    "MatchResult": "cache.results",
+    "InsertResult": "cache.results",
+    "LockReceipt": "cache.results",
+    "EvictResult": "cache.results",
+    "LoadBackResult": "cache.results",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from cache.config import CacheConfig
+    from cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
+    from cache.hiradix import HiRadixCache
+    from cache.keys import TokenKey
+    from cache.results import EvictResult, InsertResult, LoadBackResult, LockReceipt, MatchResult
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -9,14 +9,45 @@ embedded SQLite store that rebuilds the tree at any seq.
         r.spans(); r.mutations(); r.state_at(r.last_seq())
 
 See ``docs/telemetry.md`` for every span, attribute, metric and table.
+
+The names below are imported on first use (PEP 562): the writer process imports
+``telemetry.writer`` without pandas (the reader's) or torch (the cache's).
 """
 
-from telemetry.handle import Telemetry
-from telemetry.health import Health
-from telemetry.perfetto import export_perfetto
-from telemetry.reader import StoreReader, open_store
-from telemetry.recorder import TelemetryRecorder
-from telemetry.setup import setup
+from __future__ import annotations
 
-__all__ = ["setup", "Telemetry", "TelemetryRecorder", "Health", "open_store", "StoreReader",
-           "export_perfetto"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "setup": "telemetry.setup",
+    "Telemetry": "telemetry.handle",
+    "TelemetryRecorder": "telemetry.recorder",
+    "Health": "telemetry.health",
+    "open_store": "telemetry.reader",
+    "StoreReader": "telemetry.reader",
+    "export_perfetto": "telemetry.perfetto",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from telemetry.handle import Telemetry
+    from telemetry.health import Health
+    from telemetry.perfetto import export_perfetto
+    from telemetry.reader import StoreReader, open_store
+    from telemetry.recorder import TelemetryRecorder
+    from telemetry.setup import setup
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'telemetry' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

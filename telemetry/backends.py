@@ -15,7 +15,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
-from telemetry.exporters import BoundedBatchSpanProcessor, GuardedSpanExporter
+from telemetry.exporters import (
+    BoundedBatchSpanProcessor,
+    GuardedMetricExporter,
+    GuardedSpanExporter,
+)
 from telemetry.health import Health
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -154,13 +158,15 @@ def add_exporters(provider: TracerProvider, exporters: list[SpanExporter], spec:
     return procs
 
 
-def metric_readers(spec: BackendSpec) -> list[MetricReader]:
-    """OTLP periodic reader and/or Prometheus reader (starting its HTTP server)."""
+def metric_readers(spec: BackendSpec, health: Health) -> list[MetricReader]:
+    """OTLP periodic reader (its failed exports counted in ``health``) and/or Prometheus reader
+    (starting its HTTP server)."""
     readers: list[MetricReader] = []
     if spec.otlp_metrics:
         exporter = _otlp_module(spec.otlp_metrics, "metric_exporter").OTLPMetricExporter()
         readers.append(PeriodicExportingMetricReader(
-            exporter, export_interval_millis=spec.metric_interval_ms))
+            GuardedMetricExporter(exporter, health),
+            export_interval_millis=spec.metric_interval_ms))
     if spec.prometheus is not None:
         reader_cls, start_http_server = _prometheus()
         host, port = spec.prometheus

@@ -5,7 +5,8 @@
 - ``BoundedBatchSpanProcessor`` batches spans for a network or console exporter with a short
   delay and a bounded queue, and *counts* what it drops (the SDK's batch processor only logs).
 - ``GuardedSpanExporter`` turns an exporter's exception or failure into a logged, counted
-  failure; spans in a failed batch are counted as dropped.
+  failure; spans in a failed batch are counted as dropped. ``GuardedMetricExporter`` does the
+  same for a metric exporter (OTLP metrics).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -79,6 +82,44 @@ class GuardedSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._health.guard(self.stage, "force_flush"):
             return bool(self.inner.force_flush(timeout_millis))
+        return False
+
+
+class GuardedMetricExporter(MetricExporter):
+    """Wraps a metric exporter (OTLP) the same way: a failed export (an exception, or a result
+    other than SUCCESS: an unreachable collector) is counted under ``exporter.<class name>``
+    and never escapes into the periodic reader's thread.
+
+    Args:
+        inner: the real exporter; its preferred temporality and aggregation are kept.
+        health: shared counters.
+    """
+
+    def __init__(self, inner: MetricExporter, health: Health) -> None:
+        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+        self.inner = inner
+        self._health = health
+        self.stage = f"exporter.{type(inner).__name__}"
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as e:  # noqa: BLE001 - guard point: log + count
+            self._health.fail(self.stage, e, "exporting metrics")
+            return MetricExportResult.FAILURE
+        if result is not MetricExportResult.SUCCESS:
+            self._health.fail(self.stage, None, f"exporter returned {result!r}")
+        return result
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        with self._health.guard(self.stage, "shutdown"):
+            self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        with self._health.guard(self.stage, "force_flush"):
+            return bool(self.inner.force_flush(timeout_millis=timeout_millis))
         return False
 
 

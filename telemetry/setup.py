@@ -210,7 +210,7 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
     if metrics:
         mp = meter_provider
         if mp is None:
-            readers = backends.metric_readers(spec)
+            readers = backends.metric_readers(spec, health)
             if in_memory:
                 reader = InMemoryMetricReader()
                 readers.append(reader)

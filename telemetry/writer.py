@@ -83,7 +83,7 @@ def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
         spans = DirectSpans(backends.resource(b), export=bool(procs))
     mp_ = None
     if spec.metrics:
-        readers = backends.metric_readers(b)
+        readers = backends.metric_readers(b, health)
         if readers:
             mp_ = MeterProvider(metric_readers=readers, resource=backends.resource(b))
             owned.append(mp_)

@@ -109,3 +109,33 @@ def test_dropped_records_show_in_the_counter():
     assert dropped["op"] == 4
     assert [s.name for s in tel.memory_exporter.get_finished_spans()] == [n.SPAN_MATCH]
     tel.close()
+
+
+def test_prometheus_endpoint_serves_the_cache_metrics(tmp_path):
+    """``setup(prometheus=port)``: the writer process serves the instruments over HTTP; a real
+    scrape sees the pool gauges per component and tier and the counters, with their values."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tel = telemetry.setup(store=tmp_path / "p.db", prometheus=("127.0.0.1", port),
+                          capture_host_spans=False)
+    try:
+        c = HiRadixCache(make_config(("full", "swa")), recorder=tel.recorder)
+        d = Driver(c)
+        d.insert(A)
+        c.match_prefix(A)
+        tel.flush()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    finally:
+        tel.close()
+    text = body.decode()
+    avail = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+             if line.startswith("kv_cache_pool_available")}
+    snap = {(p.component, p.tier): p.available for p in c.snapshot().pools}
+    for (comp, tier), value in snap.items():
+        key = next(k for k in avail if f'component="{comp}"' in k and f'tier="{tier}"' in k)
+        assert avail[key] == value
+    assert "kv_cache_hit_tokens" in text and "kv_cache_op_duration" in text

@@ -3,6 +3,8 @@ console and OTLP exporters, process mode with an exporter, in-memory mode, the a
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import telemetry
@@ -58,14 +60,22 @@ def test_unreachable_otlp_collector_is_counted_not_raised(monkeypatch):
     c.check()
 
 
-def test_prometheus_without_its_package_fails_in_setup():
-    try:
-        import opentelemetry.exporter.prometheus  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="opentelemetry-exporter-prometheus"):
-            telemetry.setup(store=None, mode="inline", prometheus=9464)
-    else:  # pragma: no cover - only where the package is installed
-        pytest.skip("prometheus exporter installed")
+def test_unreachable_otlp_metrics_collector_is_counted_not_raised(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://127.0.0.1:9/v1/metrics")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    tel = telemetry.setup(store=None, mode="inline", spans=False, capture_host_spans=False)
+    c = HiRadixCache(make_config(), recorder=tel.recorder)
+    Driver(c).insert([1, 2, 3])
+    stats = tel.close()  # the reader's final export fails: counted, not raised
+    assert stats["failures"].get("exporter.OTLPMetricExporter", 0) >= 1
+    c.check()
+
+
+def test_prometheus_without_its_package_fails_in_setup(monkeypatch):
+    # a None entry in sys.modules makes the import fail as if the package were not installed
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.prometheus", None)
+    with pytest.raises(ImportError, match="opentelemetry-exporter-prometheus"):
+        telemetry.setup(store=None, mode="inline", prometheus=9464)
 
 
 def test_process_mode_exports_sdk_spans_from_the_writer(tmp_path, capfd):
