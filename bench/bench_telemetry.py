@@ -13,9 +13,11 @@ Workloads (same seed in every run, so both sides do exactly the same cache calls
 - ``cache``: a bare chat loop of cache calls only (match, load_back, lock, alloc, insert, unlock,
   poll), no model: the harshest ratio, since nothing else dilutes telemetry's cost.
 
-Runs alternate off / on ``--reps`` times; medians, the median of per-pair ratios and the ratio
-of the fastest runs (best-of-N: on a shared machine the fastest run is the least disturbed) are
-reported. ``hot`` is ops/s while the
+Each rep is a pair of runs, off then on or on then off (alternating, so a machine that speeds
+up or slows down during the bench favours neither side); the headline is the median of the
+per-pair ratios, with their quartiles: the machine's speed drifts by up to 3x over a minute
+here, and a pair (a few seconds) sees about the same machine. Medians of each side and the
+ratio of the fastest runs (best-of-N) are printed too. ``hot`` is ops/s while the
 workload runs; ``e2e`` also counts ``tel.flush()``, i.e. until the store has committed every op
 (the writer's backlog); ``close()`` (final WAL checkpoint, process exit) is not timed. The
 machine is shared (steal time), so wall-clock numbers are noisy: the CPU lines (this process,
@@ -180,8 +182,8 @@ def measure(prepare, on: bool, tmp: Path, tag: str) -> dict:
 def bench(name: str, prepare, reps: int, tmp: Path) -> dict:
     off, on = [], []
     for rep in range(reps):
-        off.append(measure(prepare, False, tmp, f"{name}-{rep}"))
-        on.append(measure(prepare, True, tmp, f"{name}-{rep}"))
+        for side in ((False, True) if rep % 2 == 0 else (True, False)):
+            (on if side else off).append(measure(prepare, side, tmp, f"{name}-{rep}"))
     counts = {r["ops"] for r in on}
     assert len(counts) == 1, f"{name}: runs recorded different numbers of ops: {counts}"
     n = counts.pop()  # op records (transfer acks included); the same calls in the off runs
@@ -196,6 +198,10 @@ def bench(name: str, prepare, reps: int, tmp: Path) -> dict:
         "hot": med(n / r["hot_s"] for r in on),
         "e2e": med(n / r["e2e_s"] for r in on),
         "pairs": med(a["hot_s"] / b["hot_s"] for a, b in zip(off, on, strict=True)),
+        "pairs_e2e": med(a["hot_s"] / b["e2e_s"] for a, b in zip(off, on, strict=True)),
+        "quartiles": statistics.quantiles(
+            [a["hot_s"] / b["hot_s"] for a, b in zip(off, on, strict=True)], n=4)
+        if reps > 1 else [0.0, 0.0, 0.0],
         "best": min(r["hot_s"] for r in off) / min(r["hot_s"] for r in on),
         "best_e2e": min(r["hot_s"] for r in off) / min(r["e2e_s"] for r in on),
         "thread_off": per_op(off, "thread_cpu_s"), "thread_on": per_op(on, "thread_cpu_s"),
@@ -204,14 +210,17 @@ def bench(name: str, prepare, reps: int, tmp: Path) -> dict:
         "dropped": sum(r["dropped"] for r in on),
         "failures": sum(r["failures"] for r in on),
     }
-    print(f"[{name}] {n} op records per run, {reps} reps (off / on alternating)")
+    print(f"[{name}] {n} op records per run, {reps} pairs (off/on, then on/off, ...)")
     for a, b in zip(off, on, strict=True):
         print(f"    off {n / a['hot_s']:8.0f} ops/s | on {n / b['hot_s']:8.0f} ops/s hot "
-              f"{n / b['e2e_s']:8.0f} e2e | dropped {b['dropped']} failures {b['failures']}")
+              f"{n / b['e2e_s']:8.0f} e2e | ratio {a['hot_s'] / b['hot_s']:.3f} | "
+              f"dropped {b['dropped']} failures {b['failures']}")
+    q1, _, q3 = res["quartiles"]
+    print(f"  RATIO on/off (median of per-pair ratios)  hot {res['pairs']:.3f} "
+          f"(quartiles {q1:.3f}-{q3:.3f})   e2e {res['pairs_e2e']:.3f}")
     print(f"  ops/s (median)  off {res['off']:.0f}   on {res['hot']:.0f} hot   "
-          f"{res['e2e']:.0f} e2e")
-    print(f"  ratio on/off    hot {res['hot'] / res['off']:.3f}   e2e "
-          f"{res['e2e'] / res['off']:.3f}   median of per-pair ratios {res['pairs']:.3f}")
+          f"{res['e2e']:.0f} e2e   (ratio of medians: hot {res['hot'] / res['off']:.3f}, "
+          f"e2e {res['e2e'] / res['off']:.3f})")
     print(f"  best-of-{reps} ratio (fastest on / fastest off: the runs least disturbed by the "
           f"machine)  hot {res['best']:.3f}   e2e {res['best_e2e']:.3f}")
     print(f"  CPU us/op       cache thread {res['thread_off']:.1f} -> {res['thread_on']:.1f}   "
@@ -251,15 +260,18 @@ def stages(name: str, prepare, reps: int, tmp: Path) -> None:
     """Where the cost goes: each stage adds one part of the pipeline. ``record``: the cache
     builds its records for a recorder that drops them; ``encode``: the real recorder encodes
     and queues them (nothing drains); ``drain``: plus the drain thread, shipping to nowhere;
-    ``full``: ``telemetry.setup`` (plus the writer process). Stages alternate within each rep;
-    the cache thread's CPU time and wall time per stage, best and median of ``reps``."""
+    ``full``: ``telemetry.setup`` (plus the writer process). Each rep runs every stage once,
+    in an order rotated by one each rep (a run right after another one is measurably slower
+    here, so a fixed order would favour the first stage); the cache thread's CPU time and wall
+    time per stage, best and median of ``reps``."""
     from telemetry.health import Health
     from telemetry.pipeline import Pipeline
     from telemetry.recorder import TelemetryRecorder
 
     res: dict[str, list[tuple[float, float]]] = {s: [] for s in STAGES}
     for rep in range(reps):
-        for stage in STAGES:
+        k = rep % len(STAGES)
+        for stage in STAGES[k:] + STAGES[:k]:
             tel = pipe = None
             rec = None
             if stage == "record":
