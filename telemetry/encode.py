@@ -1,7 +1,7 @@
 """Compact, picklable forms of what crosses from the cache's process to the sinks.
 
 Op records carry the caller's OTel ``Context``, which cannot leave the process; the recorder
-replaces it with the parent span's ids and pickles each record at once (``encode_record``).
+replaces it with the parent span's ids and encodes each record at once (``encode_record``).
 Finished OTel spans (the host process's own, e.g. an engine's request spans) become plain row
 tuples. Messages are plain tuples:
 

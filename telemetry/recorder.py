@@ -1,9 +1,9 @@
 """The recorder the cache records into: one small encode and one deque append per op.
 
 ``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
-its span's ids, pickles the record with its mutations into one ``bytes`` (``encode_record``)
-and appends it to a bounded pending deque. Pickling at once, rather than queueing the record's
-objects, is deliberate: ``bytes`` are invisible to the garbage collector, while queued tuples,
+its span's ids, encodes the record with its mutations into one ``bytes`` (``encode_record``:
+marshal) and appends it to a bounded pending deque. Encoding at once, rather than queueing the
+record's objects, is deliberate: ``bytes`` are invisible to the garbage collector, while queued tuples,
 lists and dicts make it run far more often on the cache's thread (see ``encode_record``). The
 pipeline's drain thread (``telemetry/pipeline.py``) ships the blobs in batches and keeps the
 last ``ring_capacity`` of them as the flight-recorder ring (``tail()`` decodes on demand).
