@@ -50,11 +50,10 @@ OP_EVICT = "evict"
 OP_EVICT_HOST = "evict_host"
 OP_BACKUP = "backup"
 OP_LOAD_BACK = "load_back"
-OP_POLL = "poll"
 OP_TRANSFER = "transfer"  # asynchronous copy; ``attrs['enqueued_by']`` links it to its op
 OP_CHECK = "check"
 OPS = (OP_MATCH, OP_INSERT, OP_LOCK, OP_UNLOCK, OP_RELEASE_SWA, OP_ALLOC, OP_FREE, OP_EVICT,
-       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_POLL, OP_TRANSFER)
+       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_TRANSFER)
 
 # ---- mutation kinds --------------------------------------------------------------------------
 NODE_CREATE = "node.create"
@@ -94,8 +93,6 @@ A_BYTES = "bytes"
 A_TRANSFER = "transfer"
 A_TRANSFER_KIND = "transfer_kind"
 A_ENQUEUED_BY = "enqueued_by"
-A_COMPLETED = "completed"
-A_SPLITS = "splits"
 A_EXTRA_KEY = "extra_key"
 A_COMPONENT = "component"
 

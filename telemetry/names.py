@@ -28,7 +28,6 @@ SPAN_EVICT_HOST = "kv_cache.evict_host"
 SPAN_BACKUP = "kv_cache.backup"
 SPAN_LOAD_BACK = "kv_cache.load_back"
 SPAN_PREFETCH = "kv_cache.prefetch"
-SPAN_POLL = "kv_cache.poll"
 SPAN_CHECK = "kv_cache.check"
 SPAN_TRANSFER = "kv_cache.transfer"  # asynchronous copy, linked to the op that enqueued it
 SPAN_OTHER = "kv_cache.other"  # an op name this version does not know
@@ -38,7 +37,7 @@ SPAN_NAMES: dict[str, str] = {
     ev.OP_UNLOCK: SPAN_UNLOCK, ev.OP_RELEASE_SWA: SPAN_RELEASE_SWA, ev.OP_ALLOC: SPAN_ALLOC,
     ev.OP_FREE: SPAN_FREE, ev.OP_EVICT: SPAN_EVICT, ev.OP_EVICT_HOST: SPAN_EVICT_HOST,
     ev.OP_BACKUP: SPAN_BACKUP, ev.OP_LOAD_BACK: SPAN_LOAD_BACK, "prefetch": SPAN_PREFETCH,
-    ev.OP_POLL: SPAN_POLL, ev.OP_CHECK: SPAN_CHECK, ev.OP_TRANSFER: SPAN_TRANSFER,
+    ev.OP_CHECK: SPAN_CHECK, ev.OP_TRANSFER: SPAN_TRANSFER,
 }
 
 # ---- attributes present on every cache span --------------------------------------------------
@@ -55,7 +54,6 @@ ATTR_NODE_ID = "kv_cache.node.id"
 ATTR_NODE_COUNT = "kv_cache.node.count"  # lock: nodes skipped; evict: evicted; transfer: copied
 ATTR_KEY_TOKENS = "kv_cache.key.tokens"
 ATTR_EXTRA_KEY = "kv_cache.key.extra"
-ATTR_TREE_SPLITS = "kv_cache.tree.splits"
 ATTR_MATCH_DEVICE_TOKENS = "kv_cache.match.device_tokens"
 ATTR_MATCH_HOST_TOKENS = "kv_cache.match.host_tokens"
 ATTR_MATCH_SWA_HOST_TOKENS = "kv_cache.match.swa_host_tokens"
@@ -75,7 +73,6 @@ ATTR_BYTES = "kv_cache.bytes"
 ATTR_TRANSFER_ID = "kv_cache.transfer.id"
 ATTR_TRANSFER_KIND = "kv_cache.transfer.kind"
 ATTR_TRANSFER_ENQUEUED_BY = "kv_cache.transfer.enqueued_by"  # op id of the enqueuing op
-ATTR_TRANSFER_COMPLETED = "kv_cache.transfer.completed"
 ATTR_OTHER_PREFIX = "kv_cache.attr"  # namespace for op attrs this version does not know
 
 # events.A_* key -> span attribute. A dict value (per component) becomes one attribute per
@@ -101,8 +98,6 @@ OP_ATTRIBUTES: dict[str, str] = {
     ev.A_TRANSFER: ATTR_TRANSFER_ID,
     ev.A_TRANSFER_KIND: ATTR_TRANSFER_KIND,
     ev.A_ENQUEUED_BY: ATTR_TRANSFER_ENQUEUED_BY,
-    ev.A_COMPLETED: ATTR_TRANSFER_COMPLETED,
-    ev.A_SPLITS: ATTR_TREE_SPLITS,
     ev.A_EXTRA_KEY: ATTR_EXTRA_KEY,
     ev.A_COMPONENT: ATTR_COMPONENT,
 }
