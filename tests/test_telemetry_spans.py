@@ -7,6 +7,11 @@ unlocks, polls the transfers and evicts.
 
 from __future__ import annotations
 
+import collections
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from opentelemetry import trace
@@ -21,6 +26,9 @@ from telemetry.encode import CompactOp
 from telemetry.spans import DirectSpans, span_attributes
 from tests.cachekit import Driver, make_config
 from tests.telkit import Rig
+
+ROOT = Path(__file__).resolve().parents[1]
+Pair = collections.namedtuple("Pair", "a b")  # module level: picklable by reference
 
 A = [1, 2, 3, 4, 5, 6, 7, 8]
 
@@ -296,6 +304,21 @@ def test_encoded_records_round_trip_with_parent_ids():
                         last)
     (op,), (m,) = decode_records([odd])
     assert op.attrs["x"].startswith("<function") and m[6][2] == (1, 2)
+    # one marshal cannot encode (a tuple subclass) goes through pickle, unchanged
+    pair = Pair(1, 2)
+    (op,), _ = decode_records([encode_record(
+        OpRecord(10, "evict", 0, 1, None, None, 1, 0, {"p": pair}, None), [], last)])
+    assert op.attrs == {"p": pair} and type(op.attrs["p"]) is Pair
+
+
+def test_the_writer_imports_neither_torch_nor_pandas():
+    """The writer process starts from ``telemetry.writer``: keeping torch (the cache's) and
+    pandas (the reader's) out of it makes telemetry.setup start in a fraction of a second."""
+    code = ("import sys, telemetry.writer; "
+            "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
 
 
 def threading_lock():
