@@ -67,76 +67,106 @@ class SpanRow(NamedTuple):
     op_id: int | None
 
 
-def encode_record(op: tuple, mutations: list, last: list) -> bytes:
-    """One op record and its mutations as one ``bytes`` (the recorder's hot path).
-
-    Why here and not in a batch later: a ``bytes`` object is invisible to the garbage
-    collector, while a retained record is about a dozen tracked tuples, lists and dicts; holding
-    those until a drain makes the collector run several times as often on the cache's thread
-    (and run full, whole-heap passes) -- measured at 20+ us per op, against ~1 us for this.
-    ``marshal`` (what ``.pyc`` files use) encodes these plain tuples a third to half faster
-    than ``pickle``; a record holding anything it cannot encode (an attribute value of another
-    type) is pickled instead, and ``decode`` tells the two apart by the first byte. Both ends
-    run the same interpreter (the writer is ``sys.executable``), so marshal's per-version
-    format is never a problem: blobs are never persisted.
+def compact_record(op: tuple, mutations: list, last: list) -> tuple:
+    """An op record ready to encode: its ``context`` reduced to the parent span's ids.
 
     Args:
-        op: the record, a tuple in ``OpRecord`` order; its ``context`` is reduced to the parent
-            span's ids.
+        op: the record, a tuple in ``OpRecord`` order.
         mutations: the op's mutation tuples.
         last: a one-slot cache ``[(context, parent ids)]``: consecutive ops usually run in the
             same (immutable) caller context, so its span's ids are looked up once.
 
     Returns:
-        The encoding of ``(op_id, op, start_ns, end_ns, req_id, (trace_id, span_id, flags,
-        is_remote), seq_first, seq_last, attrs, error, mutations)``.
+        ``(op_id, op, start_ns, end_ns, req_id, (trace_id, span_id, flags, is_remote),
+        seq_first, seq_last, attrs, error, mutations)``: plain tuples, ints and strings only
+        (what the recorder buffers and ``encode_batch`` encodes).
     """
-    ctx = op[5]
+    return (op[0], op[1], op[2], op[3], op[4], parent_ids(op[5], last), op[6], op[7], op[8],
+            op[9], mutations)
+
+
+def parent_ids(ctx: Any, last: list) -> tuple[int, int, int, bool]:
+    """``(trace_id, span_id, flags, is_remote)`` of the span current in ``ctx`` (zeros when
+    none), with ``last`` as in ``compact_record``."""
     cached = last[0]
     if cached[0] is ctx:
-        parent = cached[1]
-    else:
-        span = _span_in(ctx) if ctx is not None else None
-        parent = _ids_of(span) if span is not None else _NO_PARENT
-        last[0] = (ctx, parent)
-    rec = (op[0], op[1], op[2], op[3], op[4], parent, op[6], op[7], op[8], op[9], mutations)
+        return cached[1]
+    span = _span_in(ctx) if ctx is not None else None
+    parent = _ids_of(span) if span is not None else _NO_PARENT
+    last[0] = (ctx, parent)
+    return parent
+
+
+def encode_batch(records: list[tuple]) -> tuple[bytes, list[tuple]]:
+    """Compact records (``compact_record``) as one ``bytes``, in order.
+
+    ``marshal`` (what ``.pyc`` files use) encodes these plain tuples a third to half faster
+    than ``pickle``, and once per batch rather than per record. A batch holding something
+    marshal cannot encode (an attribute value of another type) is pickled instead, record by
+    record where needed: a record pickle cannot take either is kept with its odd values as
+    text, and one that cannot even be walked is left out. ``decode`` tells marshal from pickle
+    by the first byte. Both ends run the same interpreter (the writer is ``sys.executable``),
+    so marshal's per-version format is never a problem: blobs are never persisted.
+
+    Returns:
+        ``(blob, lost)``: ``lost`` are the records that could not be encoded at all.
+    """
     try:
-        return _MARSHAL(rec, _MARSHAL_VERSION)
+        return _MARSHAL(records, _MARSHAL_VERSION), []
     except ValueError:  # something marshal cannot encode: pickle
-        return _pickled(rec)
-
-
-def _pickled(rec: tuple) -> bytes:
+        pass
     try:
-        return _DUMPS(rec, _PROTOCOL)
-    except Exception:  # noqa: BLE001 - an unpicklable attr or value: keep the record, as text
-        return _DUMPS(_plain_record(rec), _PROTOCOL)
+        return _DUMPS(records, _PROTOCOL), []
+    except Exception:  # noqa: BLE001 - find the records pickle cannot take
+        pass
+    kept: list[tuple] = []
+    lost: list[tuple] = []
+    for rec in records:
+        try:
+            _DUMPS(rec, _PROTOCOL)
+            kept.append(rec)
+        except Exception:  # noqa: BLE001 - an unpicklable attr or value: keep it as text
+            try:
+                kept.append(_plain_record(rec))
+            except Exception:  # noqa: BLE001 - not even walkable: counted by the caller
+                lost.append(rec)
+    return _DUMPS(kept, _PROTOCOL), lost
 
 
-def decode(blob: bytes) -> tuple:
-    """The tuple ``encode_record`` encoded (pickle blobs start with the PROTO opcode 0x80,
-    which is no marshal type code)."""
+def encode_record(op: tuple, mutations: list, last: list) -> bytes:
+    """One op record and its mutations as a one-record batch (see ``encode_batch``)."""
+    blob, lost = encode_batch([compact_record(op, mutations, last)])
+    if lost:
+        raise ValueError(f"op record {op[0]} ({op[1]}) cannot be encoded")
+    return blob
+
+
+def decode(blob: bytes) -> list[tuple]:
+    """The compact records ``encode_batch`` encoded (pickle blobs start with the PROTO opcode
+    0x80, which is no marshal type code)."""
     return _LOADS(blob) if blob[0] == 0x80 else _UNMARSHAL(blob)
 
 
 def decode_records(blobs: list[bytes]) -> tuple[list[CompactOp], list[tuple]]:
-    """Compact ops and the flat mutation list from ``encode_record`` blobs (recording order)."""
+    """Compact ops and the flat mutation list from ``encode_batch`` blobs (recording order)."""
     ops: list[CompactOp] = []
     muts: list[tuple] = []
     new = tuple.__new__  # CompactOp(...) without its Python-level __new__ (writer hot path)
     for blob in blobs:
-        oid, name, start, end, req, par, sf, sl, attrs, err, ms = decode(blob)
-        ops.append(new(CompactOp, (oid, name, start, end, req, par[0], par[1], par[2], par[3],
-                                   sf, sl, attrs if attrs is not None else {}, err)))
-        if ms:
-            muts.extend(ms)
+        for oid, name, start, end, req, par, sf, sl, attrs, err, ms in decode(blob):
+            ops.append(new(CompactOp, (oid, name, start, end, req, par[0], par[1], par[2],
+                                       par[3], sf, sl, attrs if attrs is not None else {},
+                                       err)))
+            if ms:
+                muts.extend(ms)
     return ops, muts
 
 
-def decode_op_record(blob: bytes) -> tuple[OpRecord, list[tuple]]:
-    """An ``OpRecord`` (``context=None``) and its mutations back from a blob (for ``tail``)."""
-    oid, name, start, end, req, _par, sf, sl, attrs, err, ms = decode(blob)
-    return OpRecord(oid, name, start, end, req, None, sf, sl, attrs or {}, err), list(ms or ())
+def named_records(records: list[tuple]) -> list[tuple[OpRecord, list[tuple]]]:
+    """``OpRecord`` s (``context=None``) with their mutations, from compact records."""
+    return [(OpRecord(oid, name, start, end, req, None, sf, sl, attrs or {}, err),
+             list(ms or ()))
+            for oid, name, start, end, req, _par, sf, sl, attrs, err, ms in records]
 
 
 def _plain_record(rec: tuple) -> tuple:

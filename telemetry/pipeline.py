@@ -80,13 +80,14 @@ class Pipeline:
         """Ship everything pending. Caller holds ``self._lock``. Returns op records shipped."""
         shipped = 0
         rec = self.recorder
+        rec.seal()  # records still in the recorder's encode buffer ship now too
         while True:
             side = rec.take_side(self.batch_max)
-            batch = rec.take(self.batch_max)
+            batch, n = rec.take(self.batch_max)
             if not side and not batch:
                 break
-            self._ship(side, batch)
-            shipped += len(batch)
+            self._ship(side, batch, n)
+            shipped += n
         self.shipped += shipped
         stats = self.health.snapshot()
         if stats != self._sent_stats:
@@ -96,7 +97,7 @@ class Pipeline:
         self.cycles += 1
         return shipped
 
-    def _ship(self, side: list[tuple], batch: list) -> None:
+    def _ship(self, side: list[tuple], batch: list, n_ops: int) -> None:
         msgs: list[tuple] = []
         spans: list = []
         bad = 0
@@ -119,8 +120,8 @@ class Pipeline:
                 msgs.append(("ops", batch))
             self.transport.send(msgs)
         except Exception as e:  # noqa: BLE001 - guard point: count what is lost
-            self.health.fail("drain", e, f"{len(batch)} ops, {len(side)} side messages")
-            self.health.drop(DROP_OP, len(batch))
+            self.health.fail("drain", e, f"{n_ops} ops, {len(side)} side messages")
+            self.health.drop(DROP_OP, n_ops)
             self.health.drop(DROP_MUTATION, _mutations_in(batch))
             self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span") - bad)
             self.health.drop(DROP_EVENT, sum(1 for m in side if m[0] in ("event", "violation")))

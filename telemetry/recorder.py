@@ -1,18 +1,25 @@
-"""The recorder the cache records into: one small encode and one deque append per op.
+"""The recorder the cache records into: one tuple and one list append per op.
 
 ``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
-its span's ids, encodes the record with its mutations into one ``bytes`` (``encode_record``:
-marshal) and appends it to a bounded pending deque. Encoding at once, rather than queueing the
-record's objects, is deliberate: ``bytes`` are invisible to the garbage collector, while queued tuples,
-lists and dicts make it run far more often on the cache's thread (see ``encode_record``). The
-pipeline's drain thread (``telemetry/pipeline.py``) ships the blobs in batches and keeps the
-last ``ring_capacity`` of them as the flight-recorder ring (``tail()`` decodes on demand).
-Side messages (host spans, events, violations) enter through ``submit``.
+its span's ids (``compact_record``) and appends the record, with its mutations, to a small
+buffer. Every ``encode_batch`` records (and at every drain, flush and close) the buffer is
+encoded into one ``bytes`` (``telemetry.encode.encode_batch``: marshal) and queued on the
+pending deque. Encoding within a few dozen ops, rather than queueing the records' objects until
+a drain, is deliberate: ``bytes`` are invisible to the garbage collector, while thousands of
+queued tuples and lists make it run far more often on the cache's thread, including full
+whole-heap passes; a buffer of 64 records dies young. Encoding 64 at a time costs about half
+of encoding each record alone. The pipeline's drain thread (``telemetry/pipeline.py``) ships
+the blobs in batches and keeps the last of them as the flight-recorder ring (``tail()`` decodes
+on demand). Side messages (host spans, events, violations) enter through ``submit``.
 
-Overflow: when the pending deque holds ``queue_capacity`` records, ``overflow="block"`` waits up
-to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and then
-drops; ``overflow="drop"`` drops at once. Every dropped op and mutation is counted in
+Overflow: when ``queue_capacity`` records are buffered or pending, ``overflow="block"`` waits
+up to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and
+then drops; ``overflow="drop"`` drops at once. Every dropped op and mutation is counted in
 ``health.dropped``. ``record`` never raises.
+
+Threads: only the cache's thread appends to the buffer; ``seal`` (the cache's thread when the
+buffer is full, the drain thread, ``flush``, ``close``) takes a prefix of it under a lock and
+queues its blob under the same lock, so blobs are queued in recording order.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import weakref
 from typing import Any
 
 from cache.events import FlightRecorder, Mutation, OpRecord
-from telemetry.encode import decode_op_record, encode_record
+from telemetry.encode import compact_record, decode, encode_batch, named_records
 from telemetry.health import DROP_EVENT, DROP_MUTATION, DROP_OP, Health
 
 OVERFLOW_POLICIES = ("block", "drop")
@@ -39,16 +46,17 @@ class TelemetryRecorder(FlightRecorder):
         overflow: ``"block"`` or ``"drop"`` (see the module docstring).
         block_timeout_s: longest a blocked ``record`` waits for room before dropping.
         ring_capacity: op records (with their mutations) kept after shipping, for ``tail()``
-            and crash bundles; 0 keeps none. Kept as encoded ``bytes``: cheap, and untracked by
-            the garbage collector.
+            and crash bundles, at least (whole encoded batches are kept); 0 keeps none. Kept as
+            encoded ``bytes``: cheap, and untracked by the garbage collector.
         capture_context: ask the cache to capture the caller's OTel context per op.
+        encode_batch: records encoded together (1: each record at once).
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
                  block_timeout_s: float = 2.0, ring_capacity: int = 4096,
-                 capture_context: bool = True) -> None:
+                 capture_context: bool = True, encode_batch: int = 64) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
         if queue_capacity < 1:
@@ -57,14 +65,21 @@ class TelemetryRecorder(FlightRecorder):
             raise ValueError(f"block_timeout_s={block_timeout_s!r}: must be >= 0")
         if ring_capacity < 0:
             raise ValueError(f"ring_capacity={ring_capacity!r}: must be >= 0")
+        if encode_batch < 1:
+            raise ValueError(f"encode_batch={encode_batch!r}: must be >= 1")
         super().__init__(capacity=max(1, ring_capacity), capture_context=capture_context)
         self.ring_capacity = ring_capacity
         self.health = health
         self.queue_capacity = queue_capacity
         self.overflow = overflow
         self.block_timeout_s = block_timeout_s
-        self.pending: collections.deque[bytes] = collections.deque()
-        self.ring: collections.deque[bytes] = collections.deque(maxlen=max(1, ring_capacity))
+        self.encode_batch = encode_batch
+        self.pending: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
+        self.queued = 0  # records in ``pending``
+        self._buf: list[tuple] = []  # compact records not encoded yet (appended by the cache)
+        self._buf_lock = threading.Lock()
+        self.ring: collections.deque[bytes] = collections.deque(
+            maxlen=max(1, -(-ring_capacity // encode_batch) + 1))
         self.recorded_seq = -1  # seq_last of the newest op recorded
         self._last: list = [(None, (0, 0, 0, False))]  # (caller context, its span's ids): see encode
         self.side: collections.deque[tuple] = collections.deque()
@@ -90,11 +105,13 @@ class TelemetryRecorder(FlightRecorder):
             self.attached.set()
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
-        """The hot path: encode, append. Never raises."""
+        """The hot path: reduce, append; encode every ``encode_batch`` records. Never raises."""
         try:
-            q = self.pending
-            if len(q) < self.queue_capacity:
-                q.append(encode_record(op, mutations, self._last))
+            buf = self._buf
+            if self.queued + len(buf) < self.queue_capacity:
+                buf.append(compact_record(op, mutations, self._last))
+                if len(buf) >= self.encode_batch:
+                    self.seal()
             else:
                 self._overflow(op, mutations)
             self.recorded_seq = op[7]  # seq_last
@@ -107,11 +124,31 @@ class TelemetryRecorder(FlightRecorder):
         if self.overflow == "block" and not self.closed:
             self.wake.set()
             self._room.clear()
-            if self._room.wait(self.block_timeout_s) and len(self.pending) < self.queue_capacity:
-                self.pending.append(encode_record(op, mutations, self._last))
+            if (self._room.wait(self.block_timeout_s)
+                    and self.queued + len(self._buf) < self.queue_capacity):
+                self._buf.append(compact_record(op, mutations, self._last))
                 return
         self.health.drop(DROP_OP)
         self.health.drop(DROP_MUTATION, _safe_len(mutations))
+
+    def seal(self) -> None:
+        """Encode what the buffer holds and queue it (any thread)."""
+        with self._buf_lock:
+            buf = self._buf
+            n = len(buf)
+            if not n:
+                return
+            records = buf[:n]
+            del buf[:n]
+            blob, lost = encode_batch(records)
+            for rec in lost:
+                self.health.fail("record.encode", None, f"op {rec[0]} ({rec[1]}) cannot be "
+                                 "encoded")
+                self.health.drop(DROP_OP)
+                self.health.drop(DROP_MUTATION, _safe_len(rec[10]))
+            if len(lost) < n:
+                self.pending.append((n - len(lost), blob))
+                self.queued += n - len(lost)
 
     # ---- side channel (any thread) --------------------------------------------------------
     def submit(self, message: tuple) -> None:
@@ -123,14 +160,21 @@ class TelemetryRecorder(FlightRecorder):
         self.side.append(message)
 
     # ---- drain-thread interface -----------------------------------------------------------
-    def take(self, limit: int) -> list[bytes]:
-        """Pop up to ``limit`` pending records (oldest first) and signal room to waiters."""
+    def take(self, limit: int) -> tuple[list[bytes], int]:
+        """Pop pending blobs (oldest first) holding up to about ``limit`` records (at least
+        one blob) and signal room to waiters. Returns ``(blobs, records in them)``."""
         q = self.pending
-        n = min(limit, len(q))
-        out = [q.popleft() for _ in range(n)]
-        if n:
+        out: list[bytes] = []
+        n = 0
+        with self._buf_lock:  # ``queued`` is also updated by ``seal``
+            while q and (n < limit or not out):
+                k, blob = q.popleft()
+                out.append(blob)
+                n += k
+            self.queued -= n
+        if out:
             self._room.set()
-        return out
+        return out, n
 
     def take_side(self, limit: int) -> list[tuple]:
         q = self.side
@@ -142,15 +186,17 @@ class TelemetryRecorder(FlightRecorder):
             self.ring.extend(batch)
 
     def tail(self, n_ops: int | None = None) -> tuple[list[OpRecord], list[Mutation]]:
-        """The ring plus records not yet shipped, decoded: ``OpRecord`` s (``context=None``)
-        and their ``Mutation`` s, oldest first (for crash bundles)."""
-        blobs = list(self.ring) + list(self.pending)
+        """The ring, the records not yet shipped and the buffer, decoded: ``OpRecord`` s
+        (``context=None``) and their ``Mutation`` s, oldest first (for crash bundles)."""
+        with self._buf_lock:
+            blobs = list(self.ring) + [blob for _, blob in list(self.pending)]
+            buffered = list(self._buf)
+        records = [rec for blob in blobs for rec in decode(blob)] + buffered
         if n_ops is not None:
-            blobs = blobs[-n_ops:] if n_ops > 0 else []
+            records = records[-n_ops:] if n_ops > 0 else []
         ops: list[OpRecord] = []
         muts: list[Mutation] = []
-        for blob in blobs:
-            op, ms = decode_op_record(blob)
+        for op, ms in named_records(records):
             ops.append(op)
             muts.extend(Mutation._make(m) for m in ms)
         return ops, muts
@@ -162,6 +208,9 @@ class TelemetryRecorder(FlightRecorder):
         self.queue_capacity = 0
         self.overflow = "drop"
         self.pending.clear()
+        self.queued = 0
+        self._buf.clear()
+        self._buf_lock = threading.Lock()  # a lock held by a parent's thread stays held here
         self.side.clear()
         self._last = [(None, (0, 0, 0, False))]
 

@@ -237,13 +237,19 @@ def test_record_never_raises_and_counts_its_failures():
         def __iter__(self):
             raise RuntimeError("no")
 
-    rec.record(OpRecord(1, "match", 0, 1, None, None, 1, 0, {}, None), Evil())  # unpicklable
-    assert tel.stats()["failures"]["record"] == 1
+    rec.record(OpRecord(1, "match", 0, 1, None, None, 1, 0, {}, None), [])
+    rec.record(OpRecord(2, "match", 0, 1, None, None, 1, 0, {}, None), Evil())  # unpicklable
+    rec.record(OpRecord(3, "match", 0, 1, None, None, 1, 0, {}, None), [])
+    tel.flush()  # the encode buffer is encoded: only the bad record is lost, and counted
+    assert tel.stats()["failures"] == {"record.encode": 1}
     assert tel.stats()["dropped"] == {"op": 1, "mutation": 0, "span": 0, "event": 0}
+    assert [o.op_id for o in rec.tail()[0]] == [1, 3]
+    rec.record(None, [])  # not even a record: counted where it happens
+    assert tel.stats()["failures"]["record"] == 1
     rec.queue_capacity = 0  # the overflow path counts what it drops, even here
     rec.overflow = "drop"
-    rec.record(OpRecord(2, "match", 0, 1, None, None, 1, 0, {}, None), Evil())
-    assert tel.stats()["dropped"]["op"] == 2
+    rec.record(OpRecord(4, "match", 0, 1, None, None, 1, 0, {}, None), Evil())
+    assert tel.stats()["dropped"]["op"] == 3
     tel.close()
 
 
