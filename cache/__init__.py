@@ -10,8 +10,9 @@ notebooks reading a store) do not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cache.lazy import lazy_exports
 
 _EXPORTS = {
     "CacheConfig": "cache.config",
@@ -37,14 +38,4 @@ if TYPE_CHECKING:
     from cache.results import EvictResult, InsertResult, LoadBackResult, LockReceipt, MatchResult
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

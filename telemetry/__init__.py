@@ -16,8 +16,9 @@ The names below are imported on first use (PEP 562): the writer process imports
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cache.lazy import lazy_exports
 
 _EXPORTS = {
     "setup": "telemetry.setup",
@@ -40,14 +41,4 @@ if TYPE_CHECKING:
     from telemetry.setup import setup
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'telemetry' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
