@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -144,6 +145,7 @@ def cache_workload(turns: int, seed: int):
 
 # ---- measurement ------------------------------------------------------------------------------
 SETUP: dict = {}  # extra telemetry.setup arguments (--writer-nice)
+PAUSE_WRITER = [False]  # --pause-writer
 
 
 def measure(prepare, on: bool, tmp: Path, tag: str) -> dict:
@@ -159,11 +161,16 @@ def measure(prepare, on: bool, tmp: Path, tag: str) -> dict:
     if tel is not None:
         tel.flush()  # the writer process is up and attached before the clock starts
         w0 = tel.pipeline.last_stats["process"]["cpu_s"]
+    writer = tel.pipeline.transport.process.pid if tel is not None and PAUSE_WRITER[0] else None
+    if writer is not None:
+        os.kill(writer, signal.SIGSTOP)  # records wait in the queue; the store catches up later
     c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     run()
     out = {"hot_s": time.perf_counter() - t0, "thread_cpu_s": time.thread_time() - th0,
            "cpu_s": time.process_time() - c0, "writer_cpu_s": 0.0, "dropped": 0,
            "failures": 0}
+    if writer is not None:
+        os.kill(writer, signal.SIGCONT)
     if tel is not None:
         tel.flush(timeout_s=600)  # the store has committed every op
         out["e2e_s"] = time.perf_counter() - t0
@@ -334,6 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--writer-nice", type=int, default=None,
                     help="telemetry.setup(writer_nice=...) (default: setup's default)")
+    ap.add_argument("--pause-writer", action="store_true",
+                    help="stop the writer process while the workload runs (SIGSTOP; it catches "
+                         "up before the e2e clock stops): what telemetry costs when the writer "
+                         "has a core to itself, which this 2-vCPU box cannot give it")
     ap.add_argument("--stages", action="store_true",
                     help="break the cost down by pipeline stage instead of off vs on")
     ap.add_argument("--once", choices=("off", "on"),
@@ -342,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if args.writer_nice is not None:
         SETUP["writer_nice"] = args.writer_nice
+    PAUSE_WRITER[0] = args.pause_writer
     if args.once:
         once(args.once == "on", args.requests, args.seed)
         return
