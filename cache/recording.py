@@ -77,8 +77,13 @@ class Recording:
         end = _time_ns()
         muts, self._muts = self._muts, []
         try:
-            self._record((op_id, op, start, end, req_id, ctx, seq_first, self.seq,
-                          OP_ATTRS[op](self, out, args), None), muts)
+            attrs = OP_ATTRS[op](self, out, args)
+        except Exception:  # a bad attribute must not cost the op its record (its mutations)
+            self._recorder_failed(op)
+            attrs = {}
+        try:
+            self._record((op_id, op, start, end, req_id, ctx, seq_first, self.seq, attrs, None),
+                         muts)
         except Exception:  # telemetry must never break the cache; counted and logged
             self._recorder_failed(op)
         return out
