@@ -83,11 +83,11 @@ class Pipeline:
         rec.seal()  # records still in the recorder's encode buffer ship now too
         while True:
             side = rec.take_side(self.batch_max)
-            batch, n = rec.take(self.batch_max)
+            batch = rec.take(self.batch_max)
             if not side and not batch:
                 break
-            self._ship(side, batch, n)
-            shipped += n
+            self._ship(side, batch)
+            shipped += sum(n for n, _ in batch)
         self.shipped += shipped
         stats = self.health.snapshot()
         if stats != self._sent_stats:
@@ -97,7 +97,9 @@ class Pipeline:
         self.cycles += 1
         return shipped
 
-    def _ship(self, side: list[tuple], batch: list, n_ops: int) -> None:
+    def _ship(self, side: list[tuple], batch: list[tuple[int, bytes]]) -> None:
+        """Send side messages and ``(records, blob)`` entries as one message batch."""
+        blobs = [blob for _, blob in batch]
         msgs: list[tuple] = []
         spans: list = []
         bad = 0
@@ -116,13 +118,14 @@ class Pipeline:
                     msgs.append(m)
             if spans:
                 msgs.append(("spans", spans))
-            if batch:
-                msgs.append(("ops", batch))
+            if blobs:
+                msgs.append(("ops", blobs))
             self.transport.send(msgs)
         except Exception as e:  # noqa: BLE001 - guard point: count what is lost
+            n_ops = sum(n for n, _ in batch)
             self.health.fail("drain", e, f"{n_ops} ops, {len(side)} side messages")
             self.health.drop(DROP_OP, n_ops)
-            self.health.drop(DROP_MUTATION, _mutations_in(batch))
+            self.health.drop(DROP_MUTATION, _mutations_in(blobs))
             self.health.drop(DROP_SPAN, sum(1 for m in side if m[0] == "span") - bad)
             self.health.drop(DROP_EVENT, sum(1 for m in side if m[0] in ("event", "violation")))
         with self.health.guard("drain.remember"):

@@ -78,8 +78,8 @@ class TelemetryRecorder(FlightRecorder):
         self.queued = 0  # records in ``pending``
         self._buf: list[tuple] = []  # compact records not encoded yet (appended by the cache)
         self._buf_lock = threading.Lock()
-        self.ring: collections.deque[bytes] = collections.deque(
-            maxlen=max(1, -(-ring_capacity // encode_batch) + 1))
+        self.ring: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
+        self._ring_records = 0
         self.recorded_seq = -1  # seq_last of the newest op recorded
         self._last: list = [(None, (0, 0, 0, False))]  # (caller context, its span's ids): see encode
         self.side: collections.deque[tuple] = collections.deque()
@@ -160,36 +160,44 @@ class TelemetryRecorder(FlightRecorder):
         self.side.append(message)
 
     # ---- drain-thread interface -----------------------------------------------------------
-    def take(self, limit: int) -> tuple[list[bytes], int]:
-        """Pop pending blobs (oldest first) holding up to about ``limit`` records (at least
-        one blob) and signal room to waiters. Returns ``(blobs, records in them)``."""
+    def take(self, limit: int) -> list[tuple[int, bytes]]:
+        """Pop pending ``(records, blob)`` entries (oldest first) holding up to about ``limit``
+        records (at least one entry) and signal room to waiters."""
         q = self.pending
-        out: list[bytes] = []
+        out: list[tuple[int, bytes]] = []
         n = 0
         with self._buf_lock:  # ``queued`` is also updated by ``seal``
             while q and (n < limit or not out):
-                k, blob = q.popleft()
-                out.append(blob)
-                n += k
+                entry = q.popleft()
+                out.append(entry)
+                n += entry[0]
             self.queued -= n
         if out:
             self._room.set()
-        return out, n
+        return out
 
     def take_side(self, limit: int) -> list[tuple]:
         q = self.side
         return [q.popleft() for _ in range(min(limit, len(q)))]
 
-    def remember(self, batch: list[bytes]) -> None:
-        """Keep a shipped batch in the flight-recorder ring (drain thread)."""
-        if self.ring_capacity:
-            self.ring.extend(batch)
+    def remember(self, batch: list[tuple[int, bytes]]) -> None:
+        """Keep shipped ``(records, blob)`` entries in the flight-recorder ring, oldest dropped
+        while the rest still hold ``ring_capacity`` records (drain thread)."""
+        if not self.ring_capacity:
+            return
+        ring = self.ring
+        with self._buf_lock:  # ``tail`` reads the ring under the same lock
+            for entry in batch:
+                ring.append(entry)
+                self._ring_records += entry[0]
+            while ring and self._ring_records - ring[0][0] >= self.ring_capacity:
+                self._ring_records -= ring.popleft()[0]
 
     def tail(self, n_ops: int | None = None) -> tuple[list[OpRecord], list[Mutation]]:
         """The ring, the records not yet shipped and the buffer, decoded: ``OpRecord`` s
         (``context=None``) and their ``Mutation`` s, oldest first (for crash bundles)."""
         with self._buf_lock:
-            blobs = list(self.ring) + [blob for _, blob in list(self.pending)]
+            blobs = [blob for _, blob in list(self.ring) + list(self.pending)]
             buffered = list(self._buf)
         records = [rec for blob in blobs for rec in decode(blob)] + buffered
         if n_ops is not None:

@@ -331,3 +331,23 @@ def threading_lock():
     import threading
 
     return threading.Lock()
+
+
+def test_the_flight_ring_keeps_its_records_however_they_were_batched():
+    """Records ship in encoded batches of up to 64, or fewer when a drain comes first; the ring
+    still keeps at least ``flight_ring`` of the latest records, and ``tail`` returns them in
+    order, the buffered ones included."""
+    tel = telemetry.setup(store=None, mode="inline", metrics=False, spans=False,
+                          capture_host_spans=False, flight_ring=50, drain_interval_s=60.0)
+    c = HiRadixCache(make_config(device_tokens=512, host_tokens=1024), recorder=tel.recorder)
+    d = Driver(c)
+    for i in range(40):
+        d.insert([i, i + 1, i + 2])  # 5 ops
+        c.poll()  # + the write-through backup's transfer record
+        if i % 3:
+            tel.flush()  # small batches: 6 or 12 records each
+    ops, _ = tel.recorder.tail()
+    ids = [o.op_id for o in ops]
+    assert len(ids) >= 50 and ids == list(range(ids[0], c._op_id + 1))
+    assert [o.op_id for o in tel.recorder.tail(7)[0]] == list(range(c._op_id - 6, c._op_id + 1))
+    tel.close()
