@@ -1,12 +1,13 @@
 """Compact, picklable forms of what crosses from the cache's process to the sinks.
 
 Op records carry the caller's OTel ``Context``, which cannot leave the process; the recorder
-replaces it with the parent span's ids and encodes each record at once (``encode_record``).
+replaces it with the parent span's ids (``compact_record``) and encodes records a few dozen at
+a time (``encode_batch``).
 Finished OTel spans (the host process's own, e.g. an engine's request spans) become plain row
 tuples. Messages are plain tuples:
 
 - ``("attach", info, snapshot_dict)``
-- ``("ops", [encoded record, ...])``
+- ``("ops", [encoded batch of records, ...])``
 - ``("spans", [span row, ...])``
 - ``("event", ts_ns, seq, kind, attrs)``
 - ``("violation", ts_ns, seq, kind, message, details)``
@@ -78,8 +79,8 @@ def compact_record(op: tuple, mutations: list, last: list) -> tuple:
 
     Returns:
         ``(op_id, op, start_ns, end_ns, req_id, (trace_id, span_id, flags, is_remote),
-        seq_first, seq_last, attrs, error, mutations)``: plain tuples, ints and strings only
-        (what the recorder buffers and ``encode_batch`` encodes).
+        seq_first, seq_last, attrs, error, mutations)``: plain data, no live objects (what
+        the recorder buffers and ``encode_batch`` encodes).
     """
     return (op[0], op[1], op[2], op[3], op[4], parent_ids(op[5], last), op[6], op[7], op[8],
             op[9], mutations)
