@@ -57,14 +57,9 @@ def _load_back(cache, out, args) -> dict:
             ev.A_TOKENS: out.loaded_of("full"), ev.A_FREED: dict(out.loaded)}
 
 
-def _none(cache, out, args) -> dict:
-    return {}
-
-
 OP_ATTRS: dict[str, Callable[..., dict]] = {
     ev.OP_MATCH: _match, ev.OP_INSERT: _insert, ev.OP_LOCK: _lock, ev.OP_UNLOCK: _release,
     ev.OP_RELEASE_SWA: _release, ev.OP_ALLOC: _alloc, ev.OP_FREE: _free, ev.OP_EVICT: _evict,
     ev.OP_EVICT_HOST: _evict, ev.OP_BACKUP: _backup, ev.OP_LOAD_BACK: _load_back,
-    ev.OP_CHECK: _none, ev.OP_TRANSFER: _none,
 }
 

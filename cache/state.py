@@ -100,14 +100,14 @@ class CacheCore(Recording):
 
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
-        alloc = (self.device_pools if tier == DEVICE else self.host_pools)[ci].alloc
+        alloc = self.pool(ci, tier).alloc
         n = alloc.free(idx, checked)
         if self._on:
             self._emit_pool(ci, tier, alloc.available)
         return n
 
     def take_slots(self, ci: int, tier: int, n: int) -> torch.Tensor | None:
-        alloc = (self.device_pools if tier == DEVICE else self.host_pools)[ci].alloc
+        alloc = self.pool(ci, tier).alloc
         out = alloc.alloc(n)
         if out is not None and n and self._on:
             self._emit_pool(ci, tier, alloc.available)

@@ -82,16 +82,15 @@ def compact_record(op: tuple, mutations: list, last: list) -> tuple:
         seq_first, seq_last, attrs, error, mutations)``: plain data, no live objects (what
         the recorder buffers and ``encode_batch`` encodes).
     """
-    return (op[0], op[1], op[2], op[3], op[4], parent_ids(op[5], last), op[6], op[7], op[8],
-            op[9], mutations)
-
-
-def parent_ids(ctx: Any, last: list) -> tuple[int, int, int, bool]:
-    """``(trace_id, span_id, flags, is_remote)`` of the span current in ``ctx`` (zeros when
-    none), with ``last`` as in ``compact_record``."""
+    ctx = op[5]
     cached = last[0]
-    if cached[0] is ctx:
-        return cached[1]
+    parent = cached[1] if cached[0] is ctx else _parent_ids(ctx, last)
+    return (op[0], op[1], op[2], op[3], op[4], parent, op[6], op[7], op[8], op[9], mutations)
+
+
+def _parent_ids(ctx: Any, last: list) -> tuple[int, int, int, bool]:
+    """``(trace_id, span_id, flags, is_remote)`` of the span current in ``ctx`` (zeros when
+    none); remembered in ``last`` (see ``compact_record``)."""
     span = _span_in(ctx) if ctx is not None else None
     parent = _ids_of(span) if span is not None else _NO_PARENT
     last[0] = (ctx, parent)
@@ -132,14 +131,6 @@ def encode_batch(records: list[tuple]) -> tuple[bytes, list[tuple]]:
             except Exception:  # noqa: BLE001 - not even walkable: counted by the caller
                 lost.append(rec)
     return _DUMPS(kept, _PROTOCOL), lost
-
-
-def encode_record(op: tuple, mutations: list, last: list) -> bytes:
-    """One op record and its mutations as a one-record batch (see ``encode_batch``)."""
-    blob, lost = encode_batch([compact_record(op, mutations, last)])
-    if lost:
-        raise ValueError(f"op record {op[0]} ({op[1]}) cannot be encoded")
-    return blob
 
 
 def decode(blob: bytes) -> list[tuple]:
