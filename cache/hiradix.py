@@ -420,6 +420,14 @@ class HiRadixCache(CacheCore):
     def available(self, component: str = "full", tier: str = "device") -> int:
         return self.pool(self._ci_of(component), TIERS.index(tier)).alloc.available
 
+    def evictable_slots(self, component: str = "full", tier: str = "device") -> int:
+        """Slots of ``component`` on ``tier`` held by unlocked tree values (what eviction can
+        free): an ``alloc`` of at most ``available() + evictable_slots()`` does not run out of
+        memory."""
+        if tier not in TIERS:
+            raise ValueError(f"tier={tier!r}: must be one of {TIERS}")
+        return self.evictable[self._ci_of(component)][TIERS.index(tier)]
+
 
 def _check_amount(name: str, v) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -8,8 +8,10 @@ Each step, in this order (SGLang's scheduler order: schedule right after acking 
    token budget, the running limit, the cache's admission budget and the engine's decode
    reservation allow; an admitted request runs its first chunk at once; a refused head waits,
    with its reason recorded; a request that could never fit is rejected with its reason;
-3. running requests prefill one chunk each (within the budget) or decode one token (the stand-in
-   model's writes for the whole decode step are applied at once);
+3. the decoding requests' new slots are allocated in one call per KV component (a batched
+   scheduler's decode allocation); then running requests prefill one chunk each (within the
+   budget) or decode one token (the stand-in model's writes for the whole decode step are
+   applied at once);
 4. finished requests are cached (insert), unlocked and released;
 5. when no running request could make progress (memory held by the others), the newest is
    retracted (its progress stays cached) and requeued;
@@ -137,6 +139,8 @@ class Engine:
         fresh = len(self.running)
         budget, progressed = self._admit(cfg.prefill_budget)
         batch = self._batch
+        self.driver.reserve_decode([s for s in self.running[:fresh]
+                                    if s.phase == DECODE and s.seq_len < s.total_len])
         for seq in self.running[:fresh]:
             try:
                 if seq.phase == PREFILL and budget > 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from opentelemetry import trace
 
+from cache.errors import CacheOutOfMemory
 from cache.keys import ceil_paged
 from engine.model import StandInModel
 from engine.request import DECODE, QUEUED, Sequence
@@ -57,6 +58,7 @@ class Driver:
         self.swa = "swa" in cfg.components
         self.mamba = "mamba" in cfg.components
         self.window = cfg.sliding_window
+        self._kv_attrs = (("full", "full"), *((("swa", "swa"),) if self.swa else ()))
 
     def future(self, seq: Sequence) -> dict[str, int]:
         """Slots ``seq`` will still allocate per KV component (FULL: the rest of its prompt and
@@ -113,6 +115,35 @@ class Driver:
         if e == seq.prompt_len:
             seq.phase = DECODE
         return e - s
+
+    def reserve_decode(self, seqs: list[Sequence]) -> None:
+        """Allocate a decode step's new slots for all of ``seqs`` with one ``alloc`` per KV
+        component, as a batched scheduler does (SGLang's ``alloc_for_decode``: one call for the
+        whole batch), and hand each request its whole pages. When a component's total does not
+        fit (more than free + evictable slots), nothing is allocated for it here: each
+        request's ``decode_token`` then allocates its own and the ones that cannot are stalled,
+        as before. A batch of one request keeps
+        its ``req_id`` and span."""
+        if not seqs:
+            return
+        c = self.cache
+        for comp, attr in self._kv_attrs:
+            needs = [(seq, ceil_paged(seq.seq_len + 1 - getattr(seq, attr).numel(), self.page))
+                     for seq in seqs if seq.seq_len + 1 > getattr(seq, attr).numel()]
+            total = sum(n for _, n in needs)
+            if not total or total > c.available(comp) + c.evictable_slots(comp):
+                continue  # (nothing to do, or the per-request fallback below)
+            try:
+                if len(needs) == 1:
+                    seq = needs[0][0]
+                    with trace.use_span(seq.span, end_on_exit=False):
+                        slots = c.alloc(total, component=comp, req_id=seq.rid)
+                else:
+                    slots = c.alloc(total, component=comp)
+            except CacheOutOfMemory:
+                continue
+            for (seq, _), part in zip(needs, slots.split([n for _, n in needs]), strict=True):
+                setattr(seq, attr, torch.cat([getattr(seq, attr), part]))
 
     def decode_token(self, seq: Sequence, batch: DecodeBatch | None = None) -> None:
         """Append one output token (teacher-forced from the spec). With ``batch``, the model's

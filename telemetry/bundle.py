@@ -38,7 +38,7 @@ from opentelemetry import trace
 from cache.snapshot import CacheSnapshot
 from telemetry import failure as failure_
 from telemetry import window as window_
-from telemetry.encode import dumps
+from telemetry.encode import dumps, journal_chunk
 from telemetry.replaycheck import replay_check
 from telemetry.store import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 
@@ -173,8 +173,7 @@ class _Rows:
             tid, pid = _caller_ids(o.context)
             self.ops.append((o.op_id, o.op, o.start_ns, o.end_ns, o.req_id, o.seq_first,
                              o.seq_last, tid, None, pid, dumps(o.attrs or {}), o.error))
-        self.mutations = [(m[0], m[1], m[2], m[3], m[4], m[5], dumps(m[6]))
-                          for m in win.mutations]
+        self.mutations = list(win.mutations)  # in seq order (Window)
         start = win.start if win.start is not None else live
         self.keyframes = [(start.seq, fail["ts_ns"], json.dumps(start.to_dict(),
                                                                 separators=(",", ":")))]
@@ -198,9 +197,11 @@ class _Rows:
 
 
 def table_digest(con: sqlite3.Connection, table: str) -> str:
-    """SHA-256 over a table's rows in rowid order: the manifest's guard against damage."""
+    """SHA-256 over a table's rows in rowid order (the ``mutations`` view's in seq order): the
+    manifest's guard against damage."""
     h = hashlib.sha256()
-    for row in con.execute(f"SELECT * FROM {table} ORDER BY rowid"):
+    order = "seq" if table == "mutations" else "rowid"
+    for row in con.execute(f"SELECT * FROM {table} ORDER BY {order}"):
         h.update(repr(row).encode())
     return h.hexdigest()
 
@@ -226,7 +227,8 @@ def _write(target: Path, info: dict, rows: _Rows) -> None:
         con.executemany("INSERT INTO info VALUES (?, ?)",
                         [(k, dumps(v)) for k, v in info.items()])
         con.executemany("INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows.ops)
-        con.executemany("INSERT INTO mutations VALUES (?,?,?,?,?,?,?)", rows.mutations)
+        if rows.mutations:
+            con.execute("INSERT INTO journal VALUES (?,?,?)", journal_chunk(rows.mutations))
         con.executemany("INSERT INTO keyframes VALUES (?,?,?)", rows.keyframes)
         con.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?)", rows.metrics)
         con.executemany("INSERT INTO violations (ts_ns, seq, kind, message, details) "

@@ -263,6 +263,12 @@ def dumps(value: Any) -> str:
     return "".join(_C_ENCODE(value, 0))
 
 
+def journal_chunk(mutations: list[tuple]) -> tuple[int, int, str]:
+    """A ``journal`` row ``(seq_first, seq_last, data)`` for mutations in increasing seq order:
+    ``data`` is the JSON array of the mutation tuples, encoded in one call."""
+    return (mutations[0][0], mutations[-1][0], dumps(mutations))
+
+
 def hex_ids(trace_id: int, span_id: int) -> tuple[str | None, str | None]:
     """OTel hex forms of a trace and span id (None for the invalid id 0)."""
     return (format(trace_id, "032x") if trace_id else None,

@@ -143,13 +143,9 @@ class Journal:
             self.available[(comp, tier)] = value
             b.seq = seq
         elif kind in (ev.LOCK_ACQUIRE, ev.LOCK_RELEASE):
-            pins = value[2] if kind == ev.LOCK_ACQUIRE else value[1]
-            touched = [(nid, c, self._ci[c]) for c, ids in pins for nid in ids if nid != 0]
-            for nid, c, ci in touched:
-                self._delta(c, nodes[nid][5][ci], -1)
+            self._lock_moves(kind == ev.LOCK_ACQUIRE, tier, value[2] if kind == ev.LOCK_ACQUIRE
+                             else value[1])
             b.apply(m)
-            for nid, c, ci in touched:
-                self._delta(c, nodes[nid][5][ci], +1)
         elif kind == ev.NODE_DELETE:
             rec = nodes.get(node)
             if rec is not None and node != 0:
@@ -166,6 +162,34 @@ class Journal:
                 self._transfer(t.tier, t.amounts, -1)
         else:
             b.apply(m)
+
+    def _lock_moves(self, acquire: bool, tier: str, pins) -> None:
+        """Ledgers for a lock taken or released (before the builder applies it): a pinned
+        node's value on the lock's tier moves between evictable and protected exactly when its
+        ref count on that tier crosses zero (``lock_ref`` guards the device value,
+        ``host_ref`` the host value)."""
+        device = tier == ev.TIER_DEVICE
+        ref, val = (2, 0) if device else (3, 1)
+        crossing = 0 if acquire else 1
+        nodes = self.builder.nodes
+        for c, ids in pins:
+            key = (self._dkey if device else self._hkey)[c]
+            if key is None:
+                continue
+            ci = self._ci[c]
+            moved = 0
+            for nid in ids:
+                if nid:
+                    st = nodes[nid][5][ci]
+                    if st[ref] == crossing and st[val] is not None:
+                        moved += st[val]
+            if moved:
+                if acquire:
+                    self.evictable[key] -= moved
+                    self.protected[key] += moved
+                else:
+                    self.protected[key] -= moved
+                    self.evictable[key] += moved
 
     def _delta(self, comp: str, state, sign: int) -> None:
         """Add (``sign=+1``) or remove one node-component state's slots to the ledgers."""

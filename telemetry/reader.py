@@ -26,10 +26,11 @@ from telemetry.store import connect_reader
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
                 "status_code", "status_message", "attributes", "events", "links", "resource",
                 "scope", "op_id")
-_NULLABLE_INT_COLUMNS = {"mutations": ("node",), "spans": ("op_id",), "events": ("seq",),
+MUTATION_COLUMNS = ("seq", "op_id", "kind", "node", "comp", "tier", "value")
+_NULLABLE_INT_COLUMNS = {"spans": ("op_id",), "events": ("seq",),
                          "violations": ("seq",)}
 _JSON_COLUMNS = {
-    "ops": ("attrs",), "mutations": ("value",), "spans": ("attributes", "events", "links"),
+    "ops": ("attrs",), "spans": ("attributes", "events", "links"),
     "violations": ("details",), "events": ("attrs",), "keyframes": (),
 }
 
@@ -103,8 +104,11 @@ class StoreReader:
 
     def mutations(self, start_seq: int | None = None, end_seq: int | None = None) -> pd.DataFrame:
         """The journal, ordered by seq, ``value`` decoded; bounds are inclusive."""
-        where, params = _where(("seq >= ?", start_seq), ("seq <= ?", end_seq))
-        return self._frame("mutations", f"SELECT * FROM mutations{where} ORDER BY seq", params)
+        with self._read() as con:
+            rows = _journal_rows(con, start_seq, end_seq)
+        df = pd.DataFrame.from_records(rows, columns=list(MUTATION_COLUMNS))
+        df["node"] = df["node"].astype("Int64")
+        return df
 
     def spans(self, trace_id: str | None = None, name: str | None = None,
               include_cache: bool = True) -> pd.DataFrame:
@@ -203,7 +207,7 @@ class StoreReader:
     def last_seq(self) -> int:
         """Highest seq the store can rebuild (last mutation, or the first keyframe's seq)."""
         with self._read() as con:
-            m = con.execute("SELECT max(seq) FROM mutations").fetchone()[0]
+            m = _journal_top(con)
             k = con.execute("SELECT max(seq) FROM keyframes").fetchone()[0]
         vals = [v for v in (m, k) if v is not None]
         if not vals:
@@ -213,9 +217,8 @@ class StoreReader:
 
     def journal(self, start_seq: int | None = None, end_seq: int | None = None) -> list[tuple]:
         """Mutation tuples ``(seq, op_id, kind, node, comp, tier, value)`` ready for replay."""
-        where, params = _where(("seq >= ?", start_seq), ("seq <= ?", end_seq))
         with self._read() as con:
-            rows = con.execute(f"SELECT * FROM mutations{where} ORDER BY seq", params).fetchall()
+            rows = _journal_rows(con, start_seq, end_seq)
         return [_decode_mutation(r) for r in rows]
 
     def state_at(self, seq: int) -> CacheSnapshot:
@@ -238,9 +241,8 @@ class StoreReader:
                 first = con.execute("SELECT min(seq) FROM keyframes").fetchone()[0]
                 raise ValueError(f"seq {seq} is before the first keyframe ({first}) of "
                                  f"{self.path!r}")
-            rows = con.execute("SELECT * FROM mutations WHERE seq > ? AND seq <= ? ORDER BY seq",
-                               (kf[0], seq)).fetchall()
-            top = con.execute("SELECT max(seq) FROM mutations").fetchone()[0]
+            rows = _journal_rows(con, kf[0] + 1, seq)
+            top = _journal_top(con)
         if seq > max(kf[0], top if top is not None else kf[0]):
             raise ValueError(f"seq {seq} is past the last seq ({max(kf[0], top or kf[0])}) "
                              f"of {self.path!r}")
@@ -281,9 +283,36 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[i:i + size]
 
 
-def _decode_mutation(row: tuple) -> tuple:
-    seq, op_id, kind, node, comp, tier, value = row
-    v = json.loads(value)
+def _journal_top(con: sqlite3.Connection) -> int | None:
+    """The last stored seq (chunks are in seq order: the last chunk's end), or None."""
+    row = con.execute("SELECT seq_last FROM journal ORDER BY seq_first DESC LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def _journal_rows(con: sqlite3.Connection, lo: int | None, hi: int | None) -> list[list]:
+    """Decoded mutations ``[seq, op_id, kind, node, comp, tier, value]`` with ``lo <= seq <=
+    hi`` (None: unbounded), in seq order: the ``journal`` chunks that can hold them (found
+    through the ``seq_first`` key), decoded and cut to the range."""
+    first = -1 if lo is None else con.execute(
+        "SELECT coalesce(max(seq_first), -1) FROM journal WHERE seq_first <= ?", (lo,)
+    ).fetchone()[0]
+    sql = "SELECT data FROM journal WHERE seq_first >= ?"
+    params: tuple = (first,)
+    if hi is not None:
+        sql += " AND seq_first <= ?"
+        params = (first, hi)
+    out: list[list] = []
+    for (data,) in con.execute(sql + " ORDER BY seq_first", params):
+        chunk = json.loads(data)
+        if (lo is not None and chunk[0][0] < lo) or (hi is not None and chunk[-1][0] > hi):
+            chunk = [m for m in chunk if (lo is None or m[0] >= lo) and (hi is None or m[0] <= hi)]
+        out.extend(chunk)
+    return out
+
+
+def _decode_mutation(m: list) -> tuple:
+    """A decoded journal entry as the mutation tuple ``cache.snapshot.replay`` takes."""
+    seq, op_id, kind, node, comp, tier, v = m
     if kind == ev.NODE_CREATE:
         parent, extra_key, tokens = v
         v = (parent, _hashable(extra_key), tuple(tokens))

@@ -9,8 +9,13 @@ Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
 
 - ``info(key, value)``: JSON values: ``schema``, ``created_ns``, ``cache`` (the attach info),
   ``settings``, ``stats`` (dropped / failure counters), ``gaps``.
-- ``ops``: one row per cache operation, with its seq range and its span's ids.
-- ``mutations``: the journal, one row per state change, keyed by seq; ``value`` is JSON.
+- ``ops``: one row per cache operation (``op_id`` is the rowid), with its seq range and its
+  span's ids.
+- ``journal``: the mutations in chunks (one per writer batch, keyed by the first seq): ``data``
+  is a JSON array of ``[seq, op_id, kind, node, comp, tier, value]``. One SQLite row per
+  mutation cost the writer more than everything else it does per op; a chunk is one row and
+  one C-encoded JSON text. The ``mutations`` view expands it to one row per state change
+  (``value`` as JSON text), for SQL; ``StoreReader`` decodes chunks directly.
 - ``keyframes(seq, ts_ns, snapshot)``: ``CacheSnapshot.to_dict()`` JSON every K mutations.
 - ``metrics``: per component x tier pool samples (capacity, available, evictable, protected,
   in_flight) at a seq.
@@ -26,20 +31,23 @@ import sqlite3
 import time
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ops keyed by op_id, mutations in journal chunks
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """
 CREATE TABLE info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE ops (
-    op_id INTEGER NOT NULL, op TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    op_id INTEGER PRIMARY KEY, op TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
     req_id TEXT, seq_first INTEGER NOT NULL, seq_last INTEGER NOT NULL,
     trace_id TEXT, span_id TEXT, parent_span_id TEXT, attrs TEXT NOT NULL, error TEXT);
-CREATE INDEX ops_op_id ON ops (op_id);
-CREATE INDEX ops_seq_last ON ops (seq_last);
-CREATE TABLE mutations (
-    seq INTEGER PRIMARY KEY, op_id INTEGER NOT NULL, kind TEXT NOT NULL, node INTEGER,
-    comp TEXT, tier TEXT, value TEXT NOT NULL);
+CREATE TABLE journal (seq_first INTEGER PRIMARY KEY, seq_last INTEGER NOT NULL,
+    data TEXT NOT NULL);
+CREATE VIEW mutations AS SELECT
+    json_extract(m.value, '$[0]') AS seq, json_extract(m.value, '$[1]') AS op_id,
+    json_extract(m.value, '$[2]') AS kind, json_extract(m.value, '$[3]') AS node,
+    json_extract(m.value, '$[4]') AS comp, json_extract(m.value, '$[5]') AS tier,
+    json_quote(json_extract(m.value, '$[6]')) AS value
+    FROM journal j, json_each(j.data) m;
 CREATE TABLE keyframes (seq INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, snapshot TEXT NOT NULL);
 CREATE TABLE metrics (
     seq INTEGER NOT NULL, ts_ns INTEGER NOT NULL, component TEXT NOT NULL, tier TEXT NOT NULL,
@@ -62,7 +70,7 @@ CREATE TABLE events (
     kind TEXT NOT NULL, attrs TEXT NOT NULL);
 """
 
-TABLES = ("info", "ops", "mutations", "keyframes", "metrics", "resources", "spans",
+TABLES = ("info", "ops", "journal", "keyframes", "metrics", "resources", "spans",
           "violations", "events")
 
 

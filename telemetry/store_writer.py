@@ -12,11 +12,11 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
-from telemetry.encode import CompactOp, SpanRow, dumps
+from telemetry.encode import CompactOp, SpanRow, dumps, journal_chunk
 from telemetry.store import connect_writer
 
 _OPS_SQL = "INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-_MUT_SQL = "INSERT INTO mutations VALUES (?,?,?,?,?,?,?)"
+_JOURNAL_SQL = "INSERT INTO journal VALUES (?,?,?)"
 _SPAN_SQL = "INSERT INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _METRIC_SQL = "INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?)"
 
@@ -73,10 +73,10 @@ class StoreWriter:
         if rows:
             self._tx().executemany(_OPS_SQL, rows)
 
-    def write_mutations(self, mutations: Iterable[tuple]) -> None:
-        rows = [(m[0], m[1], m[2], m[3], m[4], m[5], dumps(m[6])) for m in mutations]
-        if rows:
-            self._tx().executemany(_MUT_SQL, rows)
+    def write_mutations(self, mutations: list[tuple]) -> None:
+        """One ``journal`` chunk: mutations in increasing seq order, after the last chunk's."""
+        if mutations:
+            self._tx().execute(_JOURNAL_SQL, journal_chunk(mutations))
 
     def write_spans(self, rows: Iterable[SpanRow]) -> None:
         out = []

@@ -186,3 +186,25 @@ def test_evict_host_removes_host_only_leaves_lru():
     r = c.evict_host(4)
     assert r.deleted == (1,) and states(c) == {2: "host"}
     c.check()
+
+
+def test_evictable_slots_is_what_an_alloc_can_count_on():
+    c, d = full_cache()
+    d.insert([1, 2, 3, 4])
+    d.insert([5, 6, 7])
+    c.poll(wait=True)  # the write-through backups done: nothing in flight
+    receipt = c.lock(c.match_prefix([5, 6, 7]).last_device_node, owner="r")
+    pool = next(p for p in c.snapshot().pools if (p.component, p.tier) == ("full", "device"))
+    assert (c.available(), c.evictable_slots()) == (pool.available, pool.evictable) == (9, 4)
+    host = next(p for p in c.snapshot().pools if (p.component, p.tier) == ("full", "host"))
+    assert c.evictable_slots("full", "host") == host.evictable
+    out = c.alloc(c.available() + c.evictable_slots())  # exactly fits: evicts the unlocked 4
+    assert out.numel() == 13 and c.evictable_slots() == 0
+    try:
+        c.evictable_slots(tier="disk")
+    except ValueError as e:
+        assert "tier='disk'" in str(e)
+    else:
+        raise AssertionError("a bad tier must raise")
+    c.unlock(receipt)
+    c.check()

@@ -36,7 +36,7 @@ def test_the_operation_that_broke_it_is_named():
         ("full.device.slot_freed", 1, "free", "free", "fewshot-1", 30)
     assert v["message"] == (
         "step 30: invariant full.device.slot_freed broken at node 1, first seen right after "
-        "op #119 free (request fewshot-1): holds freed slots [0]")
+        "op #94 free (request fewshot-1): holds freed slots [0]")
     assert r.engine.step_no == 31  # the run stopped at the first check that failed
     text = format_summary(summarize(r))
     assert "  invariants   VIOLATED: step 30: invariant full.device.slot_freed" in text
@@ -46,7 +46,7 @@ def test_the_node_is_named_and_the_violation_is_stored(tmp_path):
     store = tmp_path / "run.db"
     r = execute(RunSpec(store=str(store), telemetry_mode="inline", **SPEC), fault=bump_a_lock_ref)
     assert r.error == ("step 26: invariant full.lock_ref broken at node 2, first seen right "
-                       "after op #104 match (request fewshot-3): 2 but the lock table holds 1 "
+                       "after op #84 match (request fewshot-3): 2 but the lock table holds 1 "
                        "pin(s)")
     with open_store(store) as reader:
         rows = reader.violations()
@@ -54,7 +54,7 @@ def test_the_node_is_named_and_the_violation_is_stored(tmp_path):
     assert list(rows["kind"]) == ["exception", "invariant"]
     assert rows["message"][0].startswith("InvariantViolation in check: 1 invariant violation(s):")
     assert rows["message"][1] == r.error
-    assert rows["details"][1]["node"] == 2 and rows["details"][1]["op_id"] == 104
+    assert rows["details"][1]["node"] == 2 and rows["details"][1]["op_id"] == 84
     assert len(r.bundles) == 1 and r.bundles[0].parent == tmp_path / "bundles"
     assert rows["details"][1]["bundles"] == [str(r.bundles[0])]
     with load_bundle(r.bundles[0]) as b:

@@ -139,3 +139,81 @@ def test_driver_never_fits_for_swa():
     seq = Sequence(RequestSpec("S", tuple(range(10)), 5), torch.zeros((10, 2), dtype=torch.long))
     assert d.never_fits(seq) == ("rejected: swa needs 98 device tokens (window 64 + chunk 32 + "
                                  "2 pages) but the pool holds 64")
+
+
+class _AllocLog(CountingRecorder):
+    """Counts and keeps ``(step, req_id, component, tokens)`` of every alloc that succeeded
+    and ``(step, req_id, error)`` of those that raised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = None
+        self.allocs: list[tuple] = []
+        self.failed: list[tuple] = []
+
+    def record(self, op, mutations) -> None:
+        if op[1] == "alloc" and op[9]:
+            self.failed.append((self.engine.step_no, op[4], op[9].split(":")[0]))
+        elif op[1] == "alloc":
+            self.allocs.append((self.engine.step_no, op[4], op[8]["component"], op[8]["tokens"]))
+        super().record(op, mutations)
+
+
+def _logged_engine(reqs, preset, running, **sizes):
+    cfg = CacheConfig.preset(preset, **sizes)
+    log = _AllocLog()
+    e = Engine(TimedCache(HiRadixCache(cfg, recorder=log), log), reqs,
+               EngineConfig(chunk_tokens=16, prefill_budget=64, max_running=running,
+                            check_invariants=True))
+    log.engine = e
+    return e, log
+
+
+@pytest.mark.parametrize("preset,page", [("full", 1), ("swa", 1), ("full", 4), ("swa", 4)])
+def test_a_decode_step_allocates_once_per_kv_component(preset, page):
+    """A batched scheduler's decode allocation: one alloc per KV component for every request
+    that needs a slot this step (no req_id), the slots handed out as whole pages; a lone
+    request's alloc keeps its req_id. The KV written through them verifies (check_invariants
+    and the model's content checks run every step)."""
+    tok = Tokens(5)
+    reqs = [RequestSpec(r, tok.ids(12), 6) for r in "ABC"]
+    sizes = dict(device_tokens=256, host_tokens=256, page_size=page)
+    if preset == "swa":
+        sizes.update(swa_device_tokens=256, swa_host_tokens=256, sliding_window=8)
+    e, log = _logged_engine(reqs, preset, running=3, **sizes)
+    e.run()
+    assert sorted(s.rid for s in e.done) == ["A", "B", "C"]
+    kv = ("full", "swa") if preset == "swa" else ("full",)
+    decode = [a for a in log.allocs if a[0] > 1]  # step 1: the three first (only) chunks
+    assert decode and all(a[2] in kv for a in decode)
+    assert e.cache.config.page_size == page
+    for step in sorted({a[0] for a in decode}):
+        at = [a for a in decode if a[0] == step]
+        assert sorted(a[2] for a in at) == sorted(set(a[2] for a in at))  # one per component
+        for _step, req, _comp, tokens in at:
+            assert tokens % page == 0 and (req is None) == (tokens > page)
+    assert any(a[1] is None for a in decode)  # three requests shared a step's alloc
+    assert not log.failed
+
+
+def test_a_decode_batch_that_does_not_fit_falls_back_to_per_request_allocs():
+    """When one call for the whole batch cannot be served, each request allocates its own:
+    the ones that fit progress, the others stall (as the per-request path always did)."""
+    tok = Tokens(8)
+    reqs = [RequestSpec(r, tok.ids(36), 16) for r in "AB"]  # 16 prompt + 20 output tokens
+    e, log = _logged_engine(reqs, "full", running=2, device_tokens=80, host_tokens=128)
+    e.step()  # both prefilled: each needs a slot per decode step from now on
+    assert [s.phase for s in e.running] == ["decode", "decode"]
+    held = e.cache.alloc(e.cache.available("full") - 1, component="full")  # one slot left
+    before = len(log.allocs)
+    e.step()
+    new = log.allocs[before:]
+    # the batch of 2 did not fit (not tried); A got the last slot on its own, B's own alloc
+    # raised and B stalled
+    assert log.failed == [(2, "B", "CacheOutOfMemory")]
+    assert [(a[1], a[3]) for a in new] == [("A", 1)]
+    a, b = e.running
+    assert (a.seq_len, b.seq_len) == (17, 16)
+    e.cache.free(held, component="full")
+    e.run()
+    assert sorted(s.rid for s in e.done) == ["A", "B"]
