@@ -58,7 +58,7 @@ class Driver:
         self.swa = "swa" in cfg.components
         self.mamba = "mamba" in cfg.components
         self.window = cfg.sliding_window
-        self._kv_attrs = (("full", "full"), *((("swa", "swa"),) if self.swa else ()))
+        self._kv = ("full", "swa") if self.swa else ("full",)  # also the Sequence attributes
 
     def future(self, seq: Sequence) -> dict[str, int]:
         """Slots ``seq`` will still allocate per KV component (FULL: the rest of its prompt and
@@ -122,17 +122,19 @@ class Driver:
         whole batch), and hand each request its whole pages. When a component's total does not
         fit (more than free + evictable slots), nothing is allocated for it here: each
         request's ``decode_token`` then allocates its own and the ones that cannot are stalled,
-        as before. A batch of one request keeps
-        its ``req_id`` and span."""
+        as before. A batch of one request keeps its ``req_id`` and span."""
         if not seqs:
             return
         c = self.cache
-        for comp, attr in self._kv_attrs:
-            needs = [(seq, ceil_paged(seq.seq_len + 1 - getattr(seq, attr).numel(), self.page))
-                     for seq in seqs if seq.seq_len + 1 > getattr(seq, attr).numel()]
+        for comp in self._kv:
+            needs = []
+            for seq in seqs:
+                short = seq.seq_len + 1 - getattr(seq, comp).numel()
+                if short > 0:
+                    needs.append((seq, ceil_paged(short, self.page)))
             total = sum(n for _, n in needs)
             if not total or total > c.available(comp) + c.evictable_slots(comp):
-                continue  # (nothing to do, or the per-request fallback below)
+                continue  # nothing to do, or each decode_token allocates its own
             try:
                 if len(needs) == 1:
                     seq = needs[0][0]
@@ -143,7 +145,7 @@ class Driver:
             except CacheOutOfMemory:
                 continue
             for (seq, _), part in zip(needs, slots.split([n for _, n in needs]), strict=True):
-                setattr(seq, attr, torch.cat([getattr(seq, attr), part]))
+                setattr(seq, comp, torch.cat([getattr(seq, comp), part]))
 
     def decode_token(self, seq: Sequence, batch: DecodeBatch | None = None) -> None:
         """Append one output token (teacher-forced from the spec). With ``batch``, the model's
