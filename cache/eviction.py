@@ -1,9 +1,16 @@
-"""Eviction: LRU victims from incrementally kept sets, the FULL > SWA > MAMBA cascade on internal
-nodes, whole-node eviction of leaves, and tombstone-ancestor deletion that stops at any node a
+"""Eviction: LRU victims from incrementally kept sets, the FULL > SWA > MAMBA cascade,
+whole-node eviction of FULL leaves, and tombstone-ancestor deletion that stops at any node a
 lock or a transfer still references (seed bug class 2).
 
 Victim order: FULL pops the least recently used evictable device leaf from a heap (O(log n), no
 scan); SWA and MAMBA walk their own recency lists from the cold end, skipping pinned nodes.
+
+A node is deleted only when its FULL data goes. Auxiliary (SWA / MAMBA) pressure frees that
+component in its own LRU order and keeps FULL, on leaves too: the node stays (a tombstone for
+that component) and still serves its FULL prefix; insert heals it. Under write_back the
+auxiliary data is copied to host before it leaves the device, so the node stays a match boundary
+(a load-back revives it). Host pressure on an auxiliary component likewise frees only that
+component's host copies.
 """
 
 from __future__ import annotations
@@ -49,19 +56,25 @@ def evict_device(core: CacheCore, ci: int, num: int) -> EvictResult:
         victim = next((n for n in lru.values() if n.data[ci].lock_ref == 0), None)
         if victim is None:
             break
-        if victim.id not in core.d_leaves or not evict_leaf(core, victim, acc):
-            tombstone(core, victim, ci, acc)
+        tombstone(core, victim, ci, acc)
     return acc.result(num)
 
 
 def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
-    """Drop component ``ci``'s device data on an internal node, cascading to lower priorities
-    (pinned lower components are spared). FULL stays: the node keeps its place in the tree."""
+    """Drop component ``ci``'s device data on a node (leaf or internal), cascading to lower
+    priorities (pinned lower components are spared). FULL stays: the node keeps its place in
+    the tree. Under write_back the dropped data is first copied to host (when there is room)."""
     pri = core.comps[ci].priority
-    for comp in core.comps:
-        if comp.priority > pri:
-            continue
-        d = node.data[comp.index]
+    drop = [comp.index for comp in core.comps
+            if comp.priority <= pri and node.data[comp.index].value is not None
+            and node.data[comp.index].lock_ref == 0]
+    if (core.config.write_policy == "write_back" and core.config.has_host
+            and any(node.data[cj].host_value is None for cj in drop)):
+        from cache import transfers  # local: transfers imports eviction for host room
+        transfers.backup_sync(core, node, set(drop))
+    for cj in drop:
+        comp = core.comps[cj]
+        d = node.data[cj]
         if d.value is None or d.lock_ref > 0:
             continue
         v = d.value
@@ -146,17 +159,14 @@ def evict_host(core: CacheCore, ci: int, num: int) -> EvictResult:
             _evict_host_leaf(core, leaf, acc)
         return acc.result(num)
     lru = core.lru[ci][HOST]
-    while acc.freed[ci] < num:
+    while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
         victim = next((n for n in lru.values() if n.data[ci].host_ref == 0), None)
         if victim is None:
             break
-        if victim.id in core.h_leaves:
-            _evict_host_leaf(core, victim, acc)
-        else:
-            v = victim.data[ci].host_value
-            core.set_value(victim, ci, HOST, None)
-            acc.freed[ci] += core.free_slots(ci, HOST, v)
-            acc.tombstoned.append((core.comps[ci].name, victim.id))
+        v = victim.data[ci].host_value
+        core.set_value(victim, ci, HOST, None)
+        acc.freed[ci] += core.free_slots(ci, HOST, v)
+        acc.tombstoned.append((core.comps[ci].name, victim.id))
     return acc.result(num)
 
 

@@ -17,7 +17,10 @@ def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> 
     tree = self.tree
     si = self.ci.get("swa")
     node, off, n = tree.root, 0, len(tokens)
-    swa_from = max(swa_ev, prev)
+    swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
+    # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
+    # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
+    heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
     while off < n:
         step = tree.descend(node, tokens, off, extra_key)
         if step is None:
@@ -25,15 +28,19 @@ def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> 
         child, k = step
         if k < len(child.key):
             child = self.split(child, k)
-        if si is not None and off < swa_from < off + k and child.data[si].value is None:
-            child = self.split(child, swa_from - off)  # heal only the live part
+        if si is not None and off < heal_from < off + k and child.data[si].value is None:
+            child = self.split(child, heal_from - off)  # heal only the in-window live part
             k = len(child.key)
-        _overlap(self, child, off, k, idx, swa, prev, swa_from, si)
+        _overlap(self, child, off, k, idx, swa, prev, swa_from, heal_from, si)
         node, off = child, off + k
     prefix_len = off
-    if off < n and si is not None and off < swa_ev:
-        mid = min(swa_ev, n)  # below the caller's live SWA range: FULL only (tombstone)
+    if off < n and si is not None and off < heal_from:
+        # below the window (or the caller's live SWA range): a FULL-only node, an SWA tombstone
+        mid = min(heal_from, n)
         node = _new_leaf_with(self, node, tokens[off:mid], extra_key, idx, off, None, si)
+        lo = max(off, swa_from)
+        if lo < mid:  # the caller's live SWA slots there are not kept
+            self.request_held[si][DEVICE] -= self.free_slots(si, DEVICE, swa[lo:mid])
         off = mid
     if off < n:
         node = _new_leaf_with(self, node, tokens[off:], extra_key, idx, off, swa, si)
@@ -66,7 +73,7 @@ def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
     return leaf
 
 def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
-             si: int | None) -> None:
+             heal_from: int, si: int | None) -> None:
     end = off + k
     f = node.data[0]
     if f.value is None:
@@ -84,7 +91,7 @@ def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: 
     lo = max(off, swa_from)
     if lo >= end:
         return
-    if s.value is None and lo == off and node.data[0].value is not None:
+    if s.value is None and lo == off and off >= heal_from and node.data[0].value is not None:
         self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
     else:
         self.free_slots(si, DEVICE, swa[lo:end])

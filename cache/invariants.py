@@ -91,6 +91,10 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
                 if comp.size(val) != want or val.numel() != want:
                     v.append((f"{comp.name}.value_len", nid, f"{TIERS[tier]} value has {val.numel()} "
                               f"slots, expected {want}"))
+                if comp.value_cap is not None and val.numel() > comp.value_cap:
+                    v.append((f"{comp.name}.window_cap", nid, f"{TIERS[tier]} value has "
+                              f"{val.numel()} slots, more than one paged window "
+                              f"({comp.value_cap}): only the last window of a key keeps it"))
                 ref = d.lock_ref if tier == DEVICE else d.host_ref
                 (pr_sum if ref > 0 else ev_sum)[ci][tier] += comp.size(val)
                 owned[ci][tier].append((nid, val))

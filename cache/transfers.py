@@ -113,14 +113,17 @@ def _next_tid(core: CacheCore) -> int:
 
 
 # ---- backup ------------------------------------------------------------------------------------
-def backup(core: CacheCore, node: Node) -> int | None:
+def backup(core: CacheCore, node: Node, cis: set[int] | None = None) -> int | None:
     """Start a device -> host copy of ``node`` (and, under write-through, its unbacked ancestors,
-    root-first, so host copies stay prefix-closed). Returns the transfer id or None."""
+    root-first, so host copies stay prefix-closed). ``cis`` limits the copy to those components
+    (write_back saving auxiliary data it is about to tombstone). Returns the transfer id or
+    None."""
     write_through = core.config.write_policy != "write_back"
     chain: list[tuple[Node, list[int]]] = []
     cur = node
     while cur.parent is not None:
-        needs = [ci for ci, d in enumerate(cur.data) if d.value is not None and d.host_value is None]
+        needs = [ci for ci, d in enumerate(cur.data) if d.value is not None and d.host_value is None
+                 and (cis is None or ci in cis)]
         if not needs:
             break
         chain.append((cur, needs))
@@ -192,9 +195,10 @@ def backup_after_insert(core: CacheCore, node: Node) -> tuple[int, ...]:
     return () if tid is None else (tid,)
 
 
-def backup_sync(core: CacheCore, node: Node) -> bool:
-    """Write-back: back ``node`` up and wait for the copy (used right before demoting it)."""
-    tid = backup(core, node)
+def backup_sync(core: CacheCore, node: Node, cis: set[int] | None = None) -> bool:
+    """Write-back: back ``node`` up (only ``cis`` when given) and wait for the copy (used right
+    before demoting it, or before tombstoning its auxiliary data)."""
+    tid = backup(core, node, cis)
     if tid is None:
         return False
     poll(core, [tid], wait=True)

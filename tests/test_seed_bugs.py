@@ -15,35 +15,40 @@ K = list(range(1, 17))
 
 
 def test_seed_bug_1_load_back_anchors_on_best_match_node():
-    """A host-only SWA tombstone lies between last_host_node and the match end: node 2 holds
+    """A host-only SWA tombstone lies between last_host_node and the match end: node 3 holds
     FULL on host but no SWA on either tier. The buggy behaviour anchors the L2 load-back on the
-    deepest FULL-host node (node 2); that trips the assertion on ``m.best_match_node == 1`` and
-    ``lb.anchor == 1``, and loading node 2 would leave a device node whose SWA window can never
-    validate. A load-back asked to anchor there is refused (StaleHandle)."""
+    deepest FULL-host node (node 3); that trips the assertion on ``m.best_match_node == 2`` and
+    ``lb.anchor == 2``, and loading node 3 would leave a device node whose SWA window can never
+    validate. A load-back asked to anchor there is refused (StaleHandle).
+
+    The first insert (12 tokens, window 4) is capped: node 1 holds tokens [0, 8) FULL-only (an
+    SWA tombstone) and node 2 the last window [8, 12) with SWA."""
     c = HiRadixCache(make_config(("full", "swa"), device_tokens=32, host_tokens=64,
                                  sliding_window=4, swa_device_tokens=32))
     d = Driver(c)
-    d.insert(K[:12])  # node 1, with SWA for every token
+    d.insert(K[:12])  # node 1 (FULL only) -> node 2 (the last window, with SWA)
+    assert parents(c) == {1: 0, 2: 1}
+    assert states(c, "swa") == {1: "tombstone", 2: "device+host"}
     full = c.alloc(4)
-    c.insert(K[:16], torch.cat([c.path_indices(1), full]),
+    c.insert(K[:16], torch.cat([c.path_indices(2), full]),
              swa_indices=torch.full((16,), -1, dtype=torch.int64), prev_prefix_len=12,
-             swa_evicted_len=16)  # node 2: the caller had no live SWA there
+             swa_evicted_len=16)  # node 3: the caller had no live SWA there
     c.poll()
     c.evict(100)
-    assert states(c, "full") == {1: "host", 2: "host"}
-    assert states(c, "swa") == {1: "host", 2: "tombstone"}
+    assert states(c, "full") == {1: "host", 2: "host", 3: "host"}
+    assert states(c, "swa") == {1: "tombstone", 2: "host", 3: "tombstone"}
     m = c.match_prefix(K[:16])
     assert m.matched_len == 16  # FULL alone would reach the end
-    assert (m.best_match_node, m.last_host_node) == (1, 1)
+    assert (m.best_match_node, m.last_host_node) == (2, 2)
     assert (m.host_hit_length, m.swa_host_hit_length) == (12, 4)
     with pytest.raises(StaleHandle, match="not accepted by component"):
-        c.load_back(dataclasses.replace(m, best_match_node=2))
+        c.load_back(dataclasses.replace(m, best_match_node=3))
     lb = c.load_back(m)
-    assert lb.anchor == 1 and lb.loaded == (("full", 12), ("swa", 4))
+    assert lb.anchor == 2 and lb.loaded == (("full", 12), ("swa", 4))
     c.poll()
-    assert states(c, "full")[2] == "host"
+    assert states(c, "full")[3] == "host"
     assert c.match_prefix(K[:16]).device_prefix_len == 12
-    d.verify_device_prefix(K[:12], 1)
+    d.verify_device_prefix(K[:12], 2)
     c.check()
 
 

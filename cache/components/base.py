@@ -22,6 +22,7 @@ class Component:
     copies_refs_on_split: bool = True
     uses_lru: bool = True        # FULL uses the evictable-leaf heap instead
     boundary_state: bool = False  # value belongs to the node's end (MAMBA)
+    value_cap: int | None = None  # most slots one node's value may hold (SWA: one paged window)
 
     def __init__(self, index: int, config) -> None:
         self.index = index

@@ -1,8 +1,10 @@
 """Sliding-window KV: a match end is valid only with an unbroken window of SWA data behind it.
 
 The window is ``W = config.sliding_window`` tokens; it need not be a multiple of the page size
-(a lock or load-back covers ``ceil_paged(W)``). Internal nodes outside every live window may be
-tombstoned (SWA value None while FULL stays).
+(a lock or load-back covers ``ceil_paged(W)``). A fresh leaf carries SWA only on its last
+``ceil_paged(W)`` tokens (insert splits off a FULL-only part), so no node holds more than one
+paged window of SWA. Nodes outside every live window may be tombstoned (SWA value None while
+FULL stays), leaves included: SWA pressure never deletes FULL data.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class SwaComponent(Component):
         super().__init__(index, config)
         self.window = config.sliding_window
         self.window_paged = ceil_paged(self.window, config.page_size)
+        self.value_cap = self.window_paged  # fresh leaves are capped, heals stay in the window
 
     def validator(self, host_ok: bool):
         i, w = self.index, self.window
