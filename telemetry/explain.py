@@ -14,6 +14,8 @@ when. Each finding is a ``Reason``:
 | ``evicted``          | the data was there and was evicted: node X at seq N by op (req); tier   |
 |                      | ``device`` = a host copy remains (load-back), ``host`` = gone           |
 | ``swa_tombstone``    | the sliding window behind the match end crosses a tombstoned SWA node   |
+| ``swa_pressure``     | that SWA window was tombstoned under SWA pressure (node X at seq N by   |
+|                      | op), FULL still resident on device: an insert of the prefix heals it    |
 | ``no_mamba_state``   | no MAMBA state at the node where the match would end                    |
 | ``not_cached``       | no node ever held the rest of the key in this namespace (in the window) |
 
@@ -38,10 +40,11 @@ PAGE_ALIGNMENT = "page_alignment"
 NAMESPACE_MISMATCH = "namespace_mismatch"
 EVICTED = "evicted"
 SWA_TOMBSTONE = "swa_tombstone"
+SWA_PRESSURE = "swa_pressure"
 NO_MAMBA_STATE = "no_mamba_state"
 NOT_CACHED = "not_cached"
-REASON_CODES = (PAGE_ALIGNMENT, NAMESPACE_MISMATCH, EVICTED, SWA_TOMBSTONE, NO_MAMBA_STATE,
-                NOT_CACHED)
+REASON_CODES = (PAGE_ALIGNMENT, NAMESPACE_MISMATCH, EVICTED, SWA_TOMBSTONE, SWA_PRESSURE,
+                NO_MAMBA_STATE, NOT_CACHED)
 REQUEST_EVENT = "request"  # an event whose attrs carry {"req_id", "tokens"}: the explainer's key
 MATCH_KEY_ATTR = "key"  # the match op's own key, when the cache records it in the op's attrs
 

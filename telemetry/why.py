@@ -14,6 +14,7 @@ from telemetry.history import Event, KeyHistory
 
 _P, _NS, _EV, _SWA, _MB, _NC = ("page_alignment", "namespace_mismatch", "evicted",
                                 "swa_tombstone", "no_mamba_state", "not_cached")
+_SWP = "swa_pressure"  # SWA window tombstoned under SWA pressure, FULL still resident
 DEVICE, HOST = "device", "host"
 
 
@@ -150,6 +151,16 @@ class Why:
         gone = s.device_len is None and s.host_len is None
         e = self._drop(zs.node_id, "swa", (DEVICE, HOST) if gone else (DEVICE,))
         what = "a tombstone" if gone else "on host only"
+        if gone and e is not None and st.state_of(self.tree, zs, "full").device_len is not None:
+            out.append(_r(_SWP, "swa", HOST, zs.node_id, e.seq, e.op_id,
+                          f"the SWA window of {self.window} tokens behind token {end} (node "
+                          f"{self.steps[i].node_id}) crosses node {zs.node_id} (key tokens "
+                          f"[{zs.start}, {zs.end})), whose SWA window was tombstoned under SWA "
+                          f"pressure at seq {e.seq} by {self._op(e.op_id)}; its FULL KV is "
+                          f"still resident on device (an insert of this prefix heals it); "
+                          f"{self._fallback(host_ok)}",
+                          window=self.window, end=end, run=end - zs.end))
+            return
         out.append(_r(_SWA if gone else _EV, "swa", HOST if gone else DEVICE, zs.node_id,
                       e and e.seq, e and e.op_id,
                       f"the SWA window of {self.window} tokens behind token {end} (node "

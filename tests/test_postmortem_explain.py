@@ -71,22 +71,34 @@ def test_eviction_cascade_names_the_leaf_that_started_it(tmp_path):
 
 
 def test_swa_tombstone_in_the_window(tmp_path):
+    """A fresh 20-token leaf is capped at one window (6): node 1 = tokens [0, 14) FULL-only (it
+    never held SWA), node 2 = [14, 20) with SWA. A match ending at token 12 has no window."""
     c, d = cache(components=("full", "swa"), device_tokens=64, host_tokens=0, sliding_window=6)
-    B = A[:10] + [50 + i for i in range(6)]
     d.insert(list(range(20)), req_id="a")
-    d.insert(B, req_id="b")  # node 2 = tokens 0..9 (internal), node 1 = 10..19, node 3 = B tail
-    r1, r3 = c.lock(1, owner="x"), c.lock(3, owner="y")
-    c.evict(4, component="swa", req_id="ev")  # the only unpinned SWA holder: node 2 (internal)
-    c.unlock(r1)
-    c.unlock(r3)
     c.match_prefix(list(range(12)), req_id="q")
     x = explain(c, tmp_path, "q", tokens=list(range(12)))
     assert (x.device_len, x.host_len, x.full_len) == (0, 0, 12)
-    assert facts(x) == [("swa_tombstone", "swa", "host", 2, 25, 15)]
+    assert facts(x) == [("swa_tombstone", "swa", "host", 1, None, None)]
     assert x.reasons[0].text == (
-        "the SWA window of 6 tokens behind token 12 (node 1) crosses node 2 (key tokens [0, 10)),"
-        " whose SWA KV is a tombstone since seq 25 (evict (op 15, req ev)); only 2 token(s) of "
-        "SWA data follow it; the match fell back to node 0 (token 0)")
+        "the SWA window of 6 tokens behind token 12 (node 1) crosses node 1 (key tokens [0, 12)),"
+        " whose SWA KV is a tombstone (never held it: created at seq 4 by insert (op 5, req a)); "
+        "only 0 token(s) of SWA data follow it; the match fell back to node 0 (token 0)")
+
+
+def test_swa_window_tombstoned_under_swa_pressure_full_still_resident(tmp_path):
+    """SWA pressure tombstones the leaf's window (node 2) and keeps its FULL KV on device."""
+    c, d = cache(components=("full", "swa"), device_tokens=64, host_tokens=0, sliding_window=6)
+    d.insert(list(range(20)), req_id="a")
+    c.evict(4, component="swa", req_id="ev")
+    c.match_prefix(list(range(20)), req_id="q")
+    x = explain(c, tmp_path, "q", tokens=list(range(20)))
+    assert (x.device_len, x.host_len, x.full_len) == (0, 0, 20)
+    assert facts(x) == [("swa_pressure", "swa", "host", 2, 12, 7)]
+    assert x.reasons[0].text == (
+        "the SWA window of 6 tokens behind token 20 (node 2) crosses node 2 (key tokens [14, 20)),"
+        " whose SWA window was tombstoned under SWA pressure at seq 12 by evict (op 7, req ev); "
+        "its FULL KV is still resident on device (an insert of this prefix heals it); the match "
+        "fell back to node 0 (token 0)")
 
 
 def test_no_mamba_state_at_a_split_boundary(tmp_path):
