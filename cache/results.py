@@ -92,7 +92,7 @@ class EvictResult:
     evicted_nodes: tuple[int, ...]      # nodes deleted or demoted, in eviction order
     demoted: tuple[int, ...] = ()       # nodes that became host-only
     deleted: tuple[int, ...] = ()       # nodes removed from the tree
-    tombstoned: tuple[tuple[str, int], ...] = ()  # (component, node) internal tombstones
+    tombstoned: tuple[tuple[str, int], ...] = ()  # (component, node): data dropped, FULL kept
 
     def freed_of(self, component: str) -> int:
         return dict(self.freed).get(component, 0)
