@@ -86,7 +86,8 @@ def findings(snap: CacheSnapshot) -> list[Finding]:
     Checks: pool conservation (held < 0: double counting; free > capacity), in-flight larger
     than protected + held, pools with nothing free or evictable, pools mostly pinned, locks and
     transfers naming nodes that do not exist, FULL nodes with no data, FULL device data under a
-    device-evicted parent (prefix closure).
+    device-evicted parent (prefix closure), auxiliary device data without FULL device data;
+    counts auxiliary tombstones whose FULL stays on device (info).
     """
     out: list[Finding] = []
     ids = {n.node_id: n for n in snap.nodes}
@@ -134,8 +135,38 @@ def findings(snap: CacheSnapshot) -> list[Finding]:
                 out.append(Finding(ERROR, f"node {n.node_id}", f"FULL data on the device under "
                                    f"parent {n.parent_id}, which is evicted from the device "
                                    "(device prefix closure broken)"))
+        out += _auxiliary(snap, fi)
     rank = {ERROR: 0, WARNING: 1, INFO: 2}
     return sorted(out, key=lambda f: rank[f.severity])
+
+
+def _auxiliary(snap: CacheSnapshot, fi: int) -> list[Finding]:
+    """Auxiliary (SWA / MAMBA) data against FULL: device data needs FULL on the device; a
+    tombstone whose FULL stays on device is normal (that component's own pressure, or outside
+    the window) and is counted in words."""
+    out: list[Finding] = []
+    for ci, comp in enumerate(snap.components):
+        if ci == fi:
+            continue
+        kept_nodes = kept_tokens = 0
+        for n in snap.nodes:
+            if n.parent_id is None:
+                continue
+            c, f = n.components[ci], n.components[fi]
+            if c.device_len is not None and f.device_len is None:
+                out.append(Finding(ERROR, f"node {n.node_id}", f"{comp} data on the device but "
+                                   "FULL is not (auxiliary data without its backbone)"))
+            if (unit_of(comp) == "tokens" and c.device_len is None and c.host_len is None
+                    and f.device_len is not None):  # MAMBA: no state on most nodes by design
+                kept_nodes += 1
+                kept_tokens += n.key_len
+        if kept_nodes:
+            out.append(Finding(INFO, f"{comp}/device", f"{kept_nodes} nodes ({kept_tokens} "
+                               f"tokens) hold no {comp} data while their FULL KV stays on "
+                               f"device ({comp} tombstones: its own pressure, or outside the "
+                               "window); they still serve the FULL prefix and an insert heals "
+                               "them"))
+    return out
 
 
 def doctor_report(snap: CacheSnapshot) -> str:

@@ -170,3 +170,32 @@ def test_check_reports_an_swa_value_longer_than_one_window():
     node.data[si].value = torch.arange(40, 54)
     names = {name for name, _, _ in c.violations()}
     assert "swa.window_cap" in names
+
+
+def test_ui_draws_an_swa_tombstone_with_full_kept_and_explains_it():
+    from ui.shaping import states as st_
+    from ui.shaping.inspect import state_notes
+    from ui.shaping.tree import state_summary, tree_model
+
+    c, d = swa_cache()
+    d.insert(K)
+    c.evict(4, component="swa")  # node 2's window tombstoned, FULL kept; node 1 never had SWA
+    model = tree_model(c.snapshot())
+    assert model.frame.loc[1, "state_swa"] == st_.FULL_KEPT
+    assert model.frame.loc[2, "state_swa"] == st_.FULL_KEPT
+    assert model.frame.loc[2, "state_full"] == st_.DEVICE
+    summary = state_summary(model, "swa")
+    assert summary[["state", "nodes", "tokens"]].values.tolist() == [[st_.FULL_KEPT, 2, 20]]
+    assert state_notes(model, 2) == [f"swa: {st_.FULL_KEPT} - {st_.MEANING[st_.FULL_KEPT]}"]
+
+
+def test_doctor_counts_swa_tombstones_with_full_kept():
+    from telemetry.doctor import INFO, findings
+
+    c, d = swa_cache()
+    d.insert(K)
+    c.evict(4, component="swa")
+    got = [(f.severity, f.subject, f.message) for f in findings(c.snapshot())]
+    assert got == [(INFO, "swa/device", "2 nodes (20 tokens) hold no swa data while their FULL "
+                    "KV stays on device (swa tombstones: its own pressure, or outside the "
+                    "window); they still serve the FULL prefix and an insert heals them")]

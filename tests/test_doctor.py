@@ -37,6 +37,11 @@ def test_lock_owners_many():
         pool_words(s, s.pools[0])
 
 
+SWA_KEPT = ("1 nodes (6 tokens) hold no swa data while their FULL KV stays on device (swa "
+            "tombstones: its own pressure, or outside the window); they still serve the FULL "
+            "prefix and an insert heals them")
+
+
 def test_findings_on_a_broken_snapshot():
     s = small_snapshot()
     n = list(s.nodes)
@@ -60,6 +65,7 @@ def test_findings_on_a_broken_snapshot():
                             "device (device prefix closure broken)"),
         ("warning", "full/device", "nothing free or evictable (20 protected, 12 held): the next "
                                    "allocation here fails"),
+        ("info", "swa/device", SWA_KEPT),
     ]
 
 
@@ -68,5 +74,6 @@ def test_doctor_report():
     lines = text.splitlines()
     assert lines[0] == ("cache at seq 40: 6 nodes, 1 locks, 1 transfers in flight; 0 errors, "
                         "0 warnings")
-    assert lines[1] == "budget:"
-    assert len(lines) == 8 and lines[2].startswith("  full/device: 32 tokens")
+    assert lines[1] == f"  INFO swa/device: {SWA_KEPT}"
+    assert lines[2] == "budget:"
+    assert len(lines) == 9 and lines[3].startswith("  full/device: 32 tokens")

@@ -40,8 +40,8 @@ def test_component_table_per_tier(model):
     assert t.values.tolist() == [
         ["full", "device", True, 6, 0, "in flight"],
         ["full", "host", True, 6, 1, "in flight"],
-        ["swa", "device", False, 0, 0, "tombstone"],
-        ["swa", "host", False, 0, 0, "tombstone"],
+        ["swa", "device", False, 0, 0, "tombstone, FULL kept"],
+        ["swa", "host", False, 0, 0, "tombstone, FULL kept"],
         ["mamba", "device", True, 1, 0, "device"],
         ["mamba", "host", False, 0, 0, "device"],
     ]

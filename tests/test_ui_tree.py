@@ -35,8 +35,9 @@ def test_display_states_per_component():
     f = tree_model(small_snapshot()).frame
     assert list(f["state_full"]) == ["root", "locked", "in flight", "locked", "host-only",
                                      "device", "device+host"]
-    assert list(f["state_swa"]) == ["root", "device", "tombstone", "locked", "tombstone",
-                                    "device", "device+host"]
+    # node 2's SWA is a tombstone over FULL device data (kept FULL); node 4's FULL is host-only
+    assert list(f["state_swa"]) == ["root", "device", "tombstone, FULL kept", "locked",
+                                    "tombstone", "device", "device+host"]
     # the backup moves FULL only: node 2's MAMBA state is plain device data
     assert list(f["state_mamba"]) == ["root", "tombstone", "device", "locked", "host-only",
                                       "tombstone", "tombstone"]

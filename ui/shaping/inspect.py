@@ -51,6 +51,18 @@ def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
                                        "state"])
 
 
+def state_notes(model: TreeModel, node_id: int) -> list[str]:
+    """One plain sentence per component whose display state needs words (``FULL kept``
+    tombstones, host-only data): ``"swa: tombstone, FULL kept - ..."``."""
+    r = model.frame.loc[node_id]
+    out = []
+    for c in model.components:
+        s = str(r[f"state_{c}"])
+        if s in (st_.FULL_KEPT, st_.HOST_ONLY):
+            out.append(f"{c}: {s} - {st_.MEANING[s]}")
+    return out
+
+
 def lock_holders(snap: CacheSnapshot, node_id: int) -> pd.DataFrame:
     """The locks pinning ``node_id``: ``receipt, owner, anchor, tier, components``."""
     rows = []

@@ -13,18 +13,20 @@ DEVICE = "device"
 BOTH = "device+host"
 HOST_ONLY = "host-only"
 TOMBSTONE = "tombstone"
+FULL_KEPT = "tombstone, FULL kept"  # auxiliary data dropped (SWA/MAMBA pressure), FULL on device
 LOCKED = "locked"
 IN_FLIGHT = "in flight"
 ROOT = "root"
 FOLDED = "folded"
 
 #: Legend order: most "active" first.
-STATES = (IN_FLIGHT, LOCKED, DEVICE, BOTH, HOST_ONLY, TOMBSTONE, ROOT, FOLDED)
+STATES = (IN_FLIGHT, LOCKED, DEVICE, BOTH, HOST_ONLY, FULL_KEPT, TOMBSTONE, ROOT, FOLDED)
 
 COLORS: dict[str, str] = {
     DEVICE: "#2a9d8f",
     BOTH: "#3d6fb6",
     HOST_ONLY: "#e9b949",
+    FULL_KEPT: "#a8dadc",
     TOMBSTONE: "#d7dbe0",
     LOCKED: "#e4572e",
     IN_FLIGHT: "#9b5de5",
@@ -36,6 +38,9 @@ MEANING: dict[str, str] = {
     DEVICE: "data on the device tier only",
     BOTH: "data on the device tier with a host copy",
     HOST_ONLY: "evicted from the device; a host copy remains (load-back possible)",
+    FULL_KEPT: ("an SWA window / MAMBA state tombstone: this component's data was dropped (its "
+                "own pressure, or outside the window) while the node's FULL KV stays on device; "
+                "it still serves the FULL prefix, and an insert heals it"),
     TOMBSTONE: "no data for this component on either tier",
     LOCKED: "pinned by a lock (device) or a host reference: not evictable",
     IN_FLIGHT: "a backup / load-back copy touching it is not acked yet",
@@ -47,12 +52,15 @@ _BASE = {STATE_DEVICE: DEVICE, STATE_BOTH: BOTH, STATE_HOST: HOST_ONLY,
          STATE_TOMBSTONE: TOMBSTONE}
 
 
-def display_state(cs: ComponentState, in_flight: bool = False) -> str:
+def display_state(cs: ComponentState, in_flight: bool = False, full_resident: bool = False
+                  ) -> str:
     """The state one component of one node is drawn in.
 
     Args:
         cs: the component's snapshot state on the node.
         in_flight: whether an unacked transfer touches this node for this component.
+        full_resident: for an auxiliary component, whether the node's FULL KV is on device (a
+            tombstone is then drawn as ``FULL_KEPT``).
 
     Returns:
         One of ``STATES`` (never ``ROOT`` / ``FOLDED``; those are for synthetic sectors).
@@ -61,6 +69,8 @@ def display_state(cs: ComponentState, in_flight: bool = False) -> str:
         return IN_FLIGHT
     if cs.lock_ref > 0 or cs.host_ref > 0:
         return LOCKED
+    if full_resident and cs.state == STATE_TOMBSTONE:
+        return FULL_KEPT
     return _BASE[cs.state]
 
 

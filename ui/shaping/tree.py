@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from cache.snapshot import CacheSnapshot
+from telemetry.doctor import unit_of
 from ui.shaping import states as st_
 
 ROOT_ID = 0
@@ -159,7 +160,9 @@ def tree_model(snap: CacheSnapshot) -> TreeModel:
     href = _field(flat, "host_ref", n, k)
     for ci, comp in enumerate(snap.components):
         cols[f"state_{comp}"] = _states(dev[:, ci], host[:, ci], lock[:, ci], href[:, ci], ids,
-                                        flying.get(comp, set()))
+                                        flying.get(comp, set()),
+                                        dev[:, 0] >= 0 if ci and unit_of(comp) == "tokens"
+                                        else None)
         cols[f"dev_{comp}"] = dev[:, ci]
         cols[f"host_{comp}"] = host[:, ci]
         cols[f"lock_{comp}"] = lock[:, ci]
@@ -191,10 +194,14 @@ def _field(flat: list, name: str, n: int, k: int) -> np.ndarray:
 
 
 def _states(dev: np.ndarray, host: np.ndarray, lock: np.ndarray, href: np.ndarray,
-            ids: np.ndarray, flying: set[int]) -> pd.Categorical:
+            ids: np.ndarray, flying: set[int], full_dev: np.ndarray | None) -> pd.Categorical:
+    """Display-state codes; ``full_dev`` (auxiliary components) marks nodes whose FULL is on
+    device, where a tombstone is drawn as ``FULL_KEPT``."""
     on_dev, on_host = dev >= 0, host >= 0
+    gone = _CODE[st_.TOMBSTONE] if full_dev is None else np.where(
+        full_dev, _CODE[st_.FULL_KEPT], _CODE[st_.TOMBSTONE])
     code = np.where(on_dev, np.where(on_host, _CODE[st_.BOTH], _CODE[st_.DEVICE]),
-                    np.where(on_host, _CODE[st_.HOST_ONLY], _CODE[st_.TOMBSTONE]))
+                    np.where(on_host, _CODE[st_.HOST_ONLY], gone))
     code[(lock > 0) | (href > 0)] = _CODE[st_.LOCKED]
     if flying:
         code[np.isin(ids, np.fromiter(flying, dtype=np.int64))] = _CODE[st_.IN_FLIGHT]

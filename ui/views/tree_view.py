@@ -134,6 +134,8 @@ def _inspector(model: TreeModel, snap, node: int, key: str) -> None:
                    "row of the children table) to inspect it.")
         return
     st.dataframe(insp.component_table(model, node), hide_index=True)
+    for note in insp.state_notes(model, node):
+        st.caption(note)
     holders = insp.lock_holders(snap, node)
     if holders.empty:
         st.caption("No lock pins this node.")
