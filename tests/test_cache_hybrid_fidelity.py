@@ -132,6 +132,8 @@ def test_write_back_saves_the_swa_window_to_host_before_tombstoning():
     m = c.match_prefix(K)
     # node 2 stays a match boundary: best_match_node stays on it, the SWA host hit is its window
     assert (m.device_prefix_len, m.best_match_node, m.swa_host_hit_length) == (0, 2, 4)
+    a = c.admission(m, 0)  # the budget counts the SWA pages the load-back will allocate
+    assert (a.component("swa").load_back, a.component("full").load_back, a.fits) == (4, 0, True)
     lb = c.load_back(m)
     assert lb.anchor == 2 and lb.loaded == (("full", 0), ("swa", 4))
     c.poll()
@@ -154,6 +156,7 @@ def test_write_back_saves_the_mamba_state_to_host_before_tombstoning():
     assert states(c, "full")[1] == "device"
     m = c.match_prefix(K)
     assert (m.device_prefix_len, m.best_match_node, m.mamba_host_hit_length) == (0, 1, 1)
+    assert c.admission(m, 0).component("mamba").load_back == 1
     lb = c.load_back(m)
     assert lb.anchor == 1 and lb.loaded == (("full", 0), ("mamba", 1))
     c.poll()
