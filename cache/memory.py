@@ -100,7 +100,7 @@ def check_fits(config: CacheConfig, available=available_bytes) -> None:
         have = available(device)
         if have is None or need <= have:
             continue
-        parts = ", ".join(f"{k} {gib(v)}" for k, v in pools.items() if v)
+        parts = ", ".join(f"{k} {gib(v)}" for k, v in pools.items() if v * 100 >= need)
         raise NotEnoughMemory(
             f"the cache's pools need {need:,} bytes ({gib(need)}) of {device} memory ({parts}) "
             f"but only {have:,} bytes ({gib(have)}) are available; lower the pool sizes "
