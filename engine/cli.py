@@ -283,7 +283,10 @@ COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_ex
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``radixscope`` console script. Returns the exit status."""
     try:
-        ns = build_parser().parse_args(argv)
+        ns, extra = build_parser().parse_known_args(argv)
+        if extra:
+            raise UsageError(f"radixscope {ns.command}: error: unrecognized arguments: "
+                             f"{' '.join(extra)}")
         return COMMANDS[ns.command](ns)
     except UsageError as e:
         print(str(e), file=sys.stderr)
