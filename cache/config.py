@@ -60,7 +60,9 @@ class CacheConfig:
     """Everything the cache needs, validated at construction (bad values raise ValueError naming them).
 
     Sizes are in tokens (slots) for KV pools and in states for MAMBA pools. Pool sizes must be
-    whole pages. ``device=None`` picks ``cuda`` when available, else ``cpu``.
+    whole pages. ``device`` is a str or ``torch.device`` ('cpu', 'cuda', 'cuda:N'), stored as a
+    str; ``None`` picks ``cuda`` when available, else ``cpu``. Whether the pools fit in memory
+    is checked by ``cache.memory.check_fits`` when a cache is built, not here.
     """
 
     page_size: int = 1
