@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -17,12 +18,51 @@ def _need(cond: bool, name: str, value: object, why: str) -> None:
         raise ValueError(f"CacheConfig.{name}={value!r}: {why}")
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_field(name: str, v: object, lo: int, none_ok: bool = False) -> None:
+    """An int (never a bool) >= ``lo``: TypeError for the wrong type, ValueError below ``lo``."""
+    if v is None and none_ok:
+        return
+    if not _is_int(v):
+        want = "an int" + (" or None" if none_ok else "")
+        raise TypeError(f"CacheConfig.{name}={v!r}: must be {want}, not {type(v).__name__}")
+    _need(v >= lo, name, v, f"must be >= {lo}")
+
+
+def _device(v: object) -> str:
+    """``device`` as a canonical string: 'cpu', 'cuda' or 'cuda:N' (a str or torch.device)."""
+    if v is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(v, (str, torch.device)):
+        raise TypeError(f"CacheConfig.device={v!r}: must be 'cpu', 'cuda' or 'cuda:N' (a str or "
+                        f"torch.device), not {type(v).__name__}")
+    try:
+        d = torch.device(v)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"CacheConfig.device={v!r}: must be 'cpu' or 'cuda[:N]'") from None
+    _need(d.type in ("cpu", "cuda"), "device", v, "must be 'cpu' or 'cuda[:N]' (pools need real "
+          "memory; 'meta' and other devices hold none)" if d.type == "meta"
+          else "must be 'cpu' or 'cuda[:N]'")
+    if d.type == "cpu":
+        _need(d.index in (None, 0), "device", v, "must be 'cpu' or 'cuda[:N]'")
+        return "cpu"
+    _need(torch.cuda.is_available(), "device", v, "CUDA is not available on this machine")
+    n = torch.cuda.device_count()
+    _need(d.index is None or d.index < n, "device", v, f"this machine has {n} CUDA device(s)")
+    return "cuda" if d.index is None else f"cuda:{d.index}"
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Everything the cache needs, validated at construction (bad values raise ValueError naming them).
 
     Sizes are in tokens (slots) for KV pools and in states for MAMBA pools. Pool sizes must be
-    whole pages. ``device=None`` picks ``cuda`` when available, else ``cpu``.
+    whole pages. ``device`` is a str or ``torch.device`` ('cpu', 'cuda', 'cuda:N'), stored as a
+    str; ``None`` picks ``cuda`` when available, else ``cpu``. Whether the pools fit in memory
+    is checked by ``cache.memory.check_fits`` when a cache is built, not here.
     """
 
     page_size: int = 1
@@ -51,37 +91,46 @@ class CacheConfig:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        """Validate every field (types first, then ranges and cross-field rules); raises
+        TypeError / ValueError naming the field and the bad value. Allocates nothing."""
         for name in ("page_size", "layers", "heads", "head_dim", "write_through_threshold"):
-            v = getattr(self, name)
-            _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v,
-                  "must be an int >= 1")
+            _int_field(name, getattr(self, name), 1)
         p = self.page_size
         for name in ("device_tokens", "host_tokens"):
             v = getattr(self, name)
-            _need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name, v,
-                  "must be an int >= 0")
+            _int_field(name, v, 0)
             _need(v % p == 0, name, v, f"must be a multiple of page_size={p}")
         _need(self.device_tokens >= p, "device_tokens", self.device_tokens,
               f"must hold at least one page ({p} tokens)")
-        _need(self.write_policy in WRITE_POLICIES, "write_policy", self.write_policy,
-              f"must be one of {WRITE_POLICIES}")
-        comps = tuple(self.components)
-        _need(comps in _VALID_COMBOS, "components", self.components,
-              f"must be one of {_VALID_COMBOS}")
-        object.__setattr__(self, "components", comps)
-        _need(isinstance(self.dtype, torch.dtype), "dtype", self.dtype, "must be a torch.dtype")
-        dev = self.device
-        if dev is None:
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-            object.__setattr__(self, "device", dev)
-        _need(dev == "cpu" or dev.startswith("cuda"), "device", dev, "must be 'cpu' or 'cuda[:N]'")
-        if dev.startswith("cuda"):
-            _need(torch.cuda.is_available(), "device", dev, "CUDA is not available on this machine")
-        _need(self.load_back_threshold >= 0, "load_back_threshold", self.load_back_threshold,
-              "must be >= 0")
+        _need(isinstance(self.write_policy, str) and self.write_policy in WRITE_POLICIES,
+              "write_policy", self.write_policy, f"must be one of {WRITE_POLICIES}")
+        object.__setattr__(self, "components", self._check_components(self.components))
+        comps = self.components
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"CacheConfig.dtype={self.dtype!r}: must be a torch.dtype (e.g. "
+                            f"torch.float16), not {type(self.dtype).__name__}")
+        _need(self.dtype.is_floating_point, "dtype", self.dtype,
+              "must be a floating-point dtype (KV and recurrent state are floats)")
+        object.__setattr__(self, "device", _device(self.device))
+        _int_field("load_back_threshold", self.load_back_threshold, 0)
+        _int_field("sliding_window", self.sliding_window, 0)
+        for name in ("swa_layers", "swa_device_tokens", "swa_host_tokens"):
+            _int_field(name, getattr(self, name), 0, none_ok=True)
+        for name in ("mamba_slots", "mamba_host_slots"):
+            _int_field(name, getattr(self, name), 0)
+        _int_field("mamba_max_states_per_path", self.mamba_max_states_per_path, 1, none_ok=True)
+        shape = self.mamba_state_shape
+        if not isinstance(shape, (tuple, list)) or not all(_is_int(d) for d in shape):
+            raise TypeError(f"CacheConfig.mamba_state_shape={shape!r}: must be a tuple of ints")
+        _need(len(shape) >= 1 and all(d >= 1 for d in shape), "mamba_state_shape", shape,
+              "must be a non-empty tuple of ints >= 1")
+        object.__setattr__(self, "mamba_state_shape", tuple(shape))
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"CacheConfig.extra={self.extra!r}: must be a dict, not "
+                            f"{type(self.extra).__name__}")
         if "swa" in comps:
-            _need(isinstance(self.sliding_window, int) and self.sliding_window >= 1,
-                  "sliding_window", self.sliding_window, "must be an int >= 1 when 'swa' is used")
+            _need(self.sliding_window >= 1, "sliding_window", self.sliding_window,
+                  "must be an int >= 1 when 'swa' is used")
             for name, default in (("swa_device_tokens", self.device_tokens),
                                   ("swa_host_tokens", self.host_tokens),
                                   ("swa_layers", self.layers)):
@@ -89,27 +138,50 @@ class CacheConfig:
                     object.__setattr__(self, name, default)
             for name in ("swa_device_tokens", "swa_host_tokens"):
                 v = getattr(self, name)
-                _need(isinstance(v, int) and v >= 0 and v % p == 0, name, v,
-                      f"must be an int >= 0 and a multiple of page_size={p}")
+                _need(v % p == 0, name, v, f"must be an int >= 0 and a multiple of page_size={p}")
             _need(self.swa_device_tokens >= p, "swa_device_tokens", self.swa_device_tokens,
                   "must hold at least one page")
-            _need(isinstance(self.swa_layers, int) and self.swa_layers >= 1, "swa_layers",
-                  self.swa_layers, "must be an int >= 1")
+            _need(self.swa_layers >= 1, "swa_layers", self.swa_layers, "must be an int >= 1")
         else:
             _need(self.sliding_window == 0, "sliding_window", self.sliding_window,
                   "is only meaningful with the 'swa' component")
         if "mamba" in comps:
-            _need(isinstance(self.mamba_slots, int) and self.mamba_slots >= 1, "mamba_slots",
-                  self.mamba_slots, "must be an int >= 1 when 'mamba' is used")
-            _need(isinstance(self.mamba_host_slots, int) and self.mamba_host_slots >= 0,
-                  "mamba_host_slots", self.mamba_host_slots, "must be an int >= 0")
-            shape = tuple(self.mamba_state_shape)
-            _need(len(shape) >= 1 and all(isinstance(d, int) and d >= 1 for d in shape),
-                  "mamba_state_shape", self.mamba_state_shape, "must be a tuple of ints >= 1")
-            object.__setattr__(self, "mamba_state_shape", shape)
-            cap = self.mamba_max_states_per_path
-            _need(cap is None or (isinstance(cap, int) and cap >= 1), "mamba_max_states_per_path",
-                  cap, "must be None or an int >= 1")
+            _need(self.mamba_slots >= 1, "mamba_slots", self.mamba_slots,
+                  "must be an int >= 1 when 'mamba' is used")
+
+    @staticmethod
+    def _check_components(v: object) -> tuple[str, ...]:
+        if not isinstance(v, (tuple, list)) or not all(isinstance(c, str) for c in v):
+            raise TypeError(f"CacheConfig.components={v!r}: must be a tuple of component names "
+                            f"from {COMPONENT_ORDER}, e.g. ('full', 'swa')")
+        unknown = [c for c in v if c not in COMPONENT_ORDER]
+        _need(not unknown, "components", v, f"unknown component(s) {unknown}; known: "
+              f"{COMPONENT_ORDER}")
+        comps = tuple(v)
+        _need(comps in _VALID_COMBOS, "components", v, f"must be one of {_VALID_COMBOS}")
+        return comps
+
+    def bytes_needed(self) -> dict[str, int]:
+        """Bytes each pool's buffer takes, by pool name (``full/device``, ``swa/host``...), for
+        the components in use. Pure arithmetic: nothing is allocated."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        out: dict[str, int] = {}
+        kv = 2 * self.heads * self.head_dim * item
+        if "full" in self.components:
+            out["full/device"] = self.layers * self.device_tokens * kv
+            out["full/host"] = self.layers * self.host_tokens * kv
+        if "swa" in self.components:
+            out["swa/device"] = self.swa_layers * self.swa_device_tokens * kv
+            out["swa/host"] = self.swa_layers * self.swa_host_tokens * kv
+        if "mamba" in self.components:
+            state = math.prod(self.mamba_state_shape) * item
+            out["mamba/device"] = self.mamba_slots * state
+            out["mamba/host"] = self.mamba_host_slots * state
+        return out
+
+    def pool_device(self, pool: str) -> str:
+        """Where ``pool`` (a key of ``bytes_needed``) lives: host pools always on ``cpu``."""
+        return "cpu" if pool.endswith("/host") else str(self.device)
 
     # ---- derived -------------------------------------------------------------------------
     @property

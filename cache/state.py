@@ -20,6 +20,7 @@ from cache.components import build_components
 from cache.config import CacheConfig
 from cache.errors import CacheOutOfMemory
 from cache.events import Recorder
+from cache.memory import check_fits
 from cache.pools import KVPool, StatePool
 from cache.recording import Recording
 from cache.tree import Node, RadixTree
@@ -73,6 +74,7 @@ class CacheCore(Recording):
     # ---- construction ------------------------------------------------------------------
     def _build_pools(self) -> None:
         c = self.config
+        check_fits(c)  # NotEnoughMemory (a ValueError) naming the bytes, before any allocation
         cuda = c.device.startswith("cuda")
         self.device_pools: list = []
         self.host_pools: list = []

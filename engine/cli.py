@@ -13,6 +13,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from cache.config import PRESETS, WRITE_POLICIES
@@ -33,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-def _int_at_least(lo: int):
+def _int_at_least(lo: int, hi: int | None = None):
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -41,8 +42,15 @@ def _int_at_least(lo: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v} must be >= {lo}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{v} must be <= {hi}")
         return v
     return parse
+
+
+MAX_REQUESTS = 1_000_000
+MAX_SEED = 2**32 - 1
+LOOPBACK = "127.0.0.1"
 
 
 def _components(text: str) -> tuple[str, ...]:
@@ -61,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--components", type=_components, help="full | full,swa | full,mamba | "
                    "full,swa,mamba")
     r.add_argument("--write-policy", default="write_through", help=", ".join(WRITE_POLICIES))
-    r.add_argument("--requests", type=_int_at_least(1),
+    r.add_argument("--requests", type=_int_at_least(1, MAX_REQUESTS),
                    help="number of requests (default 200; trace: every line)")
-    r.add_argument("--seed", type=_int_at_least(0), default=0, help="workload seed (default 0)")
+    r.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0,
+                   help="workload seed (default 0)")
     r.add_argument("--store", default=DEFAULT_STORE, help=f"store path (default {DEFAULT_STORE})")
     r.add_argument("--no-store", action="store_true", help="run without telemetry")
     r.add_argument("--check-invariants", action="store_true",
@@ -85,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("store")
     u = sub.add_parser("ui", help="open the Streamlit UI on a store")
     u.add_argument("store")
-    u.add_argument("--port", type=_int_at_least(1))
+    u.add_argument("--port", type=_int_at_least(1, 65535))
+    u.add_argument("--address", default=LOOPBACK,
+                   help=f"interface to listen on (default {LOOPBACK}: this machine only; "
+                   "anything else makes the UI reachable from other hosts)")
+    u.add_argument("--root", metavar="DIR", help="folder whose stores the sidebar may open "
+                   "(default: the store's folder); any other path is refused")
     e = sub.add_parser("export", help="export a store")
     e.add_argument("store")
     e.add_argument("--perfetto", metavar="FILE", required=True,
@@ -95,18 +109,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- commands ----------------------------------------------------------------------------
 def _check_store_target(path: str) -> None:
-    """Refuse to overwrite a file that is not a radixscope store."""
+    """Refuse a store path that cannot be written, or a file that is not a radixscope store."""
+    def bad(why: str) -> UsageError:
+        return UsageError(f"radixscope run: error: --store {path!r} {why}")
+    if not path.strip() or "\0" in path:
+        raise bad("is not a valid file path")
     p = Path(path)
     if p.is_dir():
-        raise UsageError(f"radixscope run: error: --store {path!r} is a directory, not a store "
-                         "file")
+        raise bad("is a directory, not a store file")
     if p.exists():
         from telemetry import open_store
         try:
             open_store(p).close()
         except (ValueError, FileNotFoundError):
-            raise UsageError(f"radixscope run: error: --store {path!r} exists and is not a "
-                             "radixscope store; refusing to overwrite it") from None
+            raise bad("exists and is not a radixscope store; refusing to overwrite it") from None
+    ancestor = p.absolute().parent
+    while not ancestor.exists():  # the run creates missing folders: test the nearest one there
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise bad(f"cannot be created: {str(ancestor)!r} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as e:
+        raise bad(f"cannot be written: {str(ancestor)!r} is not writable "
+                  f"({e.strerror or type(e).__name__})") from None
+    if p.exists() and not os.access(p, os.W_OK):
+        raise bad("is not writable")
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -178,18 +207,51 @@ def ui_app_path() -> Path | None:
     return app if app.is_file() else None
 
 
+def _ui_root(ns: argparse.Namespace) -> str:
+    """The folder the UI may open stores under: ``--root``, else the store's folder."""
+    store = os.path.realpath(ns.store)
+    if ns.root is None:
+        return os.path.dirname(store)
+    root = os.path.realpath(ns.root)
+    if not os.path.isdir(root):
+        raise UsageError(f"radixscope ui: error: --root {ns.root!r} is not a directory")
+    if os.path.commonpath([root, store]) != root:
+        raise UsageError(f"radixscope ui: error: the store {ns.store!r} is not under --root "
+                         f"{ns.root!r}")
+    return root
+
+
+def _check_address(address: str) -> None:
+    """Refuse a malformed ``--address``; warn (stderr) when it is not loopback-only."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        if address != "localhost":
+            raise UsageError(f"radixscope ui: error: --address {address!r} is not an IP "
+                             "address (e.g. 127.0.0.1, ::1, 0.0.0.0)") from None
+        return
+    if not ip.is_loopback:
+        print(f"radixscope ui: warning: listening on {address}: the UI (and every store under "
+              "its root) is reachable from other hosts; it has no authentication",
+              file=sys.stderr)
+
+
 def cmd_ui(ns: argparse.Namespace) -> int:
     _open_checked(ns.store, "ui").close()
+    root = _ui_root(ns)
+    _check_address(ns.address)
     app = ui_app_path()
     if app is None:
         print("radixscope ui: the UI is not available in this installation (no ui/app.py)",
               file=sys.stderr)
         return EXIT_PROBLEM
     cmd = [sys.executable, "-m", "streamlit", "run", str(app),
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false", "--server.address", ns.address]
     if ns.port is not None:
         cmd += ["--server.port", str(ns.port)]
-    cmd += ["--", "--store", os.path.abspath(ns.store)]
+    cmd += ["--", "--store", os.path.abspath(ns.store), "--root", root]
     try:
         return subprocess.call(cmd)
     except KeyboardInterrupt:
@@ -221,7 +283,10 @@ COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_ex
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``radixscope`` console script. Returns the exit status."""
     try:
-        ns = build_parser().parse_args(argv)
+        ns, extra = build_parser().parse_known_args(argv)
+        if extra:
+            raise UsageError(f"radixscope {ns.command}: error: unrecognized arguments: "
+                             f"{' '.join(extra)}")
         return COMMANDS[ns.command](ns)
     except UsageError as e:
         print(str(e), file=sys.stderr)

@@ -18,6 +18,7 @@ import torch
 from cache.config import PRESETS, CacheConfig
 from cache.errors import InvariantViolation
 from cache.hiradix import HiRadixCache
+from cache.memory import check_fits
 from engine import workloads
 from engine.bundles import RunBundles
 from engine.engine import Engine, EngineConfig, EngineStuck
@@ -147,7 +148,8 @@ def _chain(hooks: list[Hook]) -> Hook | None:
 
 
 def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = None) -> RunResult:
-    """Run ``spec``. Bad settings raise ValueError before anything starts.
+    """Run ``spec``. Bad settings (or pools too big for the memory available) raise
+    ValueError before anything starts.
 
     Args:
         spec: the settings.
@@ -155,7 +157,7 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
         fault: called after every step before ``on_step``, in the run and in the re-run that
             locates a violation (tests inject faults with it).
     """
-    spec.cache_config()  # validate before opening a store
+    check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
                     spec.trace, **spec.workload_options)
     spec.engine_config()

@@ -19,6 +19,13 @@ from ui.shaping.tree import tree_model
 APP = str(Path(__file__).resolve().parents[1] / "ui" / "app.py")
 
 
+@pytest.fixture(autouse=True)
+def _stores_root(tmp_path_factory, monkeypatch):
+    """The app opens only stores under its root (`radixscope ui --root`): these tests' stores
+    all live under pytest's base temp folder."""
+    monkeypatch.setenv("RADIXSCOPE_ROOT", str(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory):
     from engine.run import RunSpec, execute

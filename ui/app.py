@@ -44,6 +44,7 @@ with st.sidebar:
     path = str(st.session_state[context.PATH_KEY]).strip()
     err = context.open_error(path)
     if path and err is None:
+        path = context.confine(path, context.store_root())  # what open_error checked
         if context.LIVE_KEY not in st.session_state:
             st.session_state[context.LIVE_KEY] = looks_live(path)
         st.toggle("Live", key=context.LIVE_KEY,

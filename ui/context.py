@@ -7,11 +7,14 @@ the page with a one-line message when there is no usable store.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import streamlit as st
 
 from ui import data
+from ui.store_arg import confine, root_from_args
 
 PATH_KEY = "store_path"
 LIVE_KEY = "live"
@@ -33,13 +36,24 @@ class StoreCtx:
         return data.last_seq(self.path)
 
 
-def open_error(path: str) -> str | None:
-    """Why ``path`` cannot be shown (one line), or None when it opens and holds a journal."""
+def store_root() -> str:
+    """The folder this app may open stores under (``--root`` / the store's folder / cwd)."""
+    return root_from_args(sys.argv[1:], os.environ)
+
+
+def open_error(path: str, root: str | None = None) -> str | None:
+    """Why ``path`` cannot be shown (one line), or None when it lies under the root (``root``,
+    default ``store_root()``), opens, and holds a journal. A path outside the root is refused
+    before anything looks at it."""
     if not path:
         return ("No store chosen: enter a telemetry store path in the sidebar "
                 "(or start with `radixscope ui STORE`).")
     try:
-        data.reader(path).last_seq()
+        full = confine(path, store_root() if root is None else root)
+    except ValueError as e:
+        return str(e)
+    try:
+        data.reader(full).last_seq()
     except (FileNotFoundError, ValueError) as e:
         return str(e)
     return None
@@ -55,7 +69,7 @@ def require_store() -> StoreCtx:
         else:
             st.info(err)
         st.stop()
-    return StoreCtx(path, bool(st.session_state.get(LIVE_KEY, False)),
+    return StoreCtx(confine(path, store_root()), bool(st.session_state.get(LIVE_KEY, False)),
                     float(st.session_state.get(REFRESH_KEY, 2.0)))
 
 
