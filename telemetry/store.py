@@ -183,6 +183,7 @@ def connect_reader(path: str | os.PathLike, *, integrity_budget_s: float = 1.0
         con.execute("PRAGMA trusted_schema=OFF")
         with time_bound(con, OPEN_BUDGET_S, f"opening {str(p)!r}"):
             _verify_schema(con, p)
+        con.execute("PRAGMA trusted_schema=ON")  # verified: the mutations view is ours
         quick_check(con, p, integrity_budget_s)
     except sqlite3.Error as e:
         con.close()
@@ -199,7 +200,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _MAX_SCHEMA_ROW = 4096  # bytes: the schema row is a small JSON object
 
 
-def check_file(p: Path) -> None:
+def check_file(p: Path, kind: str = "telemetry store") -> None:
     """File-level checks before SQLite opens ``p``: present, a regular file, SQLite, not shorter
     than its header says.
 
@@ -208,21 +209,21 @@ def check_file(p: Path) -> None:
         ValueError: a directory, not a regular file, not SQLite, or truncated.
     """
     if not p.exists():
-        raise FileNotFoundError(f"no telemetry store or crash bundle at {str(p)!r}")
+        raise FileNotFoundError(f"no {kind} at {str(p)!r}")
     if p.is_dir():
-        raise ValueError(f"{str(p)!r} is a directory, not a telemetry store or crash bundle")
+        raise ValueError(f"{str(p)!r} is a directory, not a {kind}")
     if not p.is_file():
         raise ValueError(f"{str(p)!r} is not a regular file (a device, pipe or socket), not a "
-                         "telemetry store or crash bundle")
+                         f"{kind}")
     try:
         with open(p, "rb") as f:
             head = f.read(100)
     except OSError as e:
         raise ValueError(f"{str(p)!r} cannot be read: {e}") from None
     if not head:
-        raise ValueError(f"{str(p)!r} is empty: not a telemetry store or crash bundle")
+        raise ValueError(f"{str(p)!r} is empty: not a {kind}")
     if not head.startswith(_SQLITE_MAGIC):
-        raise ValueError(f"{str(p)!r} is not a radixscope telemetry store or crash bundle: not "
+        raise ValueError(f"{str(p)!r} is not a radixscope {kind}: not "
                          f"an SQLite file (it starts with {head[:16]!r})")
     if len(head) < 100:
         raise ValueError(f"{str(p)!r} is truncated: {len(head)} bytes, shorter than an SQLite "
