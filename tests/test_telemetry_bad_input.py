@@ -417,3 +417,38 @@ def test_the_good_files_still_read(good_store, good_bundle):
     with load_bundle(good_bundle) as b:
         assert len(b.nodes()) == len(b.snapshot().nodes)
         assert b.state_at(b.last_seq()) == b.snapshot()
+
+
+# ---- the CLI: one line, exit 2 ------------------------------------------------------------------
+CLI_FILES = {
+    "schema a bare number": lambda good, tmp: _bare_number_schema(tmp),
+    "damaged pages": lambda good, tmp: _edited(good, tmp, damage_pages),
+    "keyframe parent cycle": lambda good, tmp: _edited(good, tmp,
+                                                       lambda p: edit_keyframes(p, cycle)),
+    "journal names an unknown node": lambda good, tmp: _edited(good, tmp, unknown_node),
+    "recursive mutations view": lambda good, tmp: _edited(
+        good, tmp, STORE_CASES["recursive mutations view"][0]),
+}
+
+
+def _edited(good: Path, tmp: Path, change: Callable[[Path], object]) -> Path:
+    p = copy(good, tmp)
+    change(p)
+    return p
+
+
+@pytest.mark.parametrize("command", ["doctor", "export"])
+@pytest.mark.parametrize("case", list(CLI_FILES))
+def test_cli_reading_a_bad_store_prints_one_line(case, command, good_store, tmp_path, capsys):
+    from engine.cli import main
+
+    path = CLI_FILES[case](good_store, tmp_path)
+    extra = ["--perfetto", str(tmp_path / "t.json")] if command == "export" else []
+    code: list[int] = []
+    assert within(lambda: code.append(main([command, str(path), *extra]))) is None
+    err = capsys.readouterr().err.splitlines()
+    if command == "export" and case in ("keyframe parent cycle", "journal names an unknown node"):
+        assert code == [0] and err == []  # export never rebuilds the tree: its rows are fine
+        return
+    assert code == [2] and len(err) == 1, err
+    assert err[0].startswith(f"radixscope {command}: error: ") and str(path) in err[0]
