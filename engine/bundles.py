@@ -2,8 +2,9 @@
 
 A cache operation that raises (``check()`` finding a broken invariant, a double free, a bug)
 writes a bundle before the exception reaches the engine; out-of-memory is not bundled, since the
-engine handles it (the request waits). A content mismatch is bundled on demand, and so is the
-live cache when the process gets ``SIGUSR1`` (serviced between steps, on the cache's thread).
+engine handles it (the request waits). A content mismatch and an exception inside the engine
+itself are bundled on demand (``engine.run.execute``), and so is the live cache when the
+process gets ``SIGUSR1`` (serviced between steps, on the cache's thread).
 Notebooks open bundles with ``telemetry.bundle_reader`` (see docs/postmortem.md).
 """
 
@@ -32,20 +33,27 @@ class RunBundles:
         self.cache = cache
         cache.error_hook = self._hook
         self.trigger = None
+        self._seen: list[BaseException] = []
         if threading.current_thread() is threading.main_thread():
             self.trigger = SignalTrigger(self.bundler)
 
     def _hook(self, op: str, exc: BaseException) -> None:
         if not isinstance(exc, CacheOutOfMemory):
+            self._seen.append(exc)
             self.bundler(op, exc)
+
+    def bundled(self, exc: BaseException) -> bool:
+        """Whether the cache's hook already bundled ``exc`` (the crash came from the cache)."""
+        return any(e is exc for e in self._seen)
 
     def service(self, engine) -> None:
         """Between steps: write the bundle a signal asked for, if any."""
         if self.trigger is not None:
             self.trigger.service()
 
-    def dump(self, note: str) -> Path | None:
-        return self.bundler.dump(note=note)
+    def dump(self, note: str, exc: BaseException | None = None,
+             op: str | None = None) -> Path | None:
+        return self.bundler.dump(note=note, exc=exc, op=op)
 
     @property
     def written(self) -> list[Path]:

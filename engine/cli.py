@@ -192,7 +192,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
     _open_checked(ns.store, "doctor").close()
     try:
         report = diagnose(ns.store)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged or hostile file
         raise UsageError(f"radixscope doctor: error: {ns.store!r}: {e}") from None
     print(report.text)
     return 0 if report.healthy else EXIT_PROBLEM
@@ -270,7 +270,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
                          "exist")
     try:
         counts = export_perfetto(ns.store, out)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged or hostile file
         raise UsageError(f"radixscope export: error: {ns.store!r}: {e}") from None
     parts = ", ".join(f"{v} {k}" for k, v in counts.items())
     print(f"wrote {out} ({parts}); open it in https://ui.perfetto.dev")

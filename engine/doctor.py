@@ -2,7 +2,8 @@
 
 The cache's state at the store's last seq (rebuilt from the journal) explained by
 ``telemetry.doctor`` (budget per component and tier, what looks wrong), then the invariant and
-integrity violations the run recorded, the admission decisions, and telemetry's own health.
+integrity violations the run recorded, the admission decisions, and telemetry's own health; and
+first, whether the run finished cleanly (a killed run's store is never "healthy").
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from telemetry.doctor import ERROR, doctor_report, findings
 @dataclass(frozen=True)
 class DoctorReport:
     text: str
-    healthy: bool  # no recorded violation and no error finding
+    healthy: bool  # finished cleanly, no recorded violation and no error finding
 
 
 def _violation_lines(df: pd.DataFrame) -> list[str]:
@@ -78,6 +79,7 @@ def diagnose(path: str) -> DoctorReport:
         FileNotFoundError / ValueError: no store there, not a store, or a store with no journal.
     """
     with open_store(path) as r:
+        status = r.run_status()
         seq = r.last_seq()
         snap = r.state_at(seq)
         violations = r.violations()
@@ -85,11 +87,13 @@ def diagnose(path: str) -> DoctorReport:
         stats = r.stats()
     comps = "+".join(snap.components)
     lines = [f"store {path}: {comps} cache, page size {snap.page_size}, journal up to seq {seq}",
+             ("run: " if status["clean"] else "run: PROBLEM: ") + status["message"],
              doctor_report(snap)]
     lines += _violation_lines(violations)
     lines += _admission_lines(admissions)
     lines += _health_lines(stats)
-    healthy = violations.empty and not any(f.severity == ERROR for f in findings(snap))
+    healthy = (violations.empty and status["clean"]
+               and not any(f.severity == ERROR for f in findings(snap)))
     lines.append("verdict: " + ("healthy" if healthy else "PROBLEMS FOUND (see above)"))
     return DoctorReport("\n".join(lines), healthy)
 

@@ -2,14 +2,16 @@
 
 ``execute(spec)`` builds the cache (``CacheConfig.preset`` plus overrides), the workload, the
 telemetry store, runs the engine and returns a ``RunResult``. It never raises for a broken
-invariant or a content mismatch: those end the run and are reported in the result (and recorded
-in the store). With ``check_invariants``, a violation found after a step is located exactly by
+invariant, a content mismatch or an exception inside the engine (a crash: bundled, with its
+traceback in the result): those end the run and are reported in the result (and recorded in
+the store, so ``radixscope doctor`` reports them). With ``check_invariants``, a violation found after a step is located exactly by
 re-running the (deterministic) run with a check after every cache call from that step on.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -104,7 +106,7 @@ class RunResult:
     wall_s: float
     store: str | None
     error: str | None = None  # content mismatch, invariant violation or stuck engine
-    error_kind: str | None = None  # "content", "invariant", "stuck"
+    error_kind: str | None = None  # "content", "invariant", "stuck", "crash" (engine raised)
     violation: dict | None = None
     bundles: list = field(default_factory=list)  # crash bundles written during the run
 
@@ -191,15 +193,28 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             result.error = result.violation["message"]
         except EngineStuck as e:
             result.error, result.error_kind = str(e), "stuck"
+        except Exception as e:  # noqa: BLE001 - a bug in the engine, model or workload
+            result.error_kind = "crash"
+            result.error = f"step {engine.step_no}: the engine raised {type(e).__name__}: {e}"
+            result.violation = {"exception": type(e).__name__, "message": str(e),
+                                "step": engine.step_no,
+                                "traceback": traceback.format_exc()[-8000:]}
+            if bundles is not None and not bundles.bundled(e):  # the cache's hook did not
+                bundles.dump(note=f"engine crash: {result.error}", exc=e, op="engine")
+        except KeyboardInterrupt:
+            if tel is not None:
+                tel.record_violation(f"the run was interrupted at step {engine.step_no}",
+                                     kind="interrupted")
+            raise
         result.wall_s = time.perf_counter() - t0
         if bundles is not None:
             result.bundles = bundles.written
         if result.error is not None:
-            engine.abort()
-            if tel is not None:
+            if tel is not None:  # recorded before abort, which may fail after a crash
                 details = dict(result.violation or {})
                 details["bundles"] = [str(p) for p in result.bundles]
                 tel.record_violation(result.error, kind=result.error_kind, details=details)
+            _abort(engine, result)
     finally:
         if bundles is not None:
             bundles.close()
@@ -207,6 +222,17 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             tel.close()
         torch.set_num_threads(threads)
     return result
+
+
+def _abort(engine: Engine, result: RunResult) -> None:
+    """Release what the engine holds; after a crash the engine may be inconsistent, so a
+    failure here is noted in the result instead of hiding the crash."""
+    try:
+        engine.abort()
+    except Exception as e:  # noqa: BLE001
+        if result.error_kind != "crash":
+            raise
+        result.error += f" (and abort failed: {type(e).__name__}: {e})"
 
 
 def _op_violation(e: OpViolation, step: int) -> dict:

@@ -18,9 +18,12 @@ failure on top. What goes in:
   ``cache``, ``config``, ``ledgers``, ``metrics`` (recorder health) and, under CUDA when asked,
   ``cuda_memory``.
 
-The file is written under a temporary name and renamed into place: a reader never sees half a
-bundle, and ``load_bundle`` checks the row counts and a SHA-256 per table against the manifest
-to catch truncation and damage.
+The file is written under a unique temporary name and published atomically and exclusively (a
+hard link: an existing bundle is never replaced unless ``overwrite``): a reader never sees half
+a bundle, and ``load_bundle`` checks the row counts and a SHA-256 per table, and over every
+``info`` row but the manifest itself, against the manifest to catch truncation and damage
+(the digests detect damage, not forgery: a crafted file is made safe by the loader reading
+only what it has verified, in bounded time).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,10 +47,11 @@ from telemetry.replaycheck import replay_check
 from telemetry.store import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 
 BUNDLE_FORMAT = "radixscope.bundle"
-BUNDLE_VERSION = 1
+BUNDLE_VERSION = 2  # 2: the manifest digests the info rows; mutations digested from journal
 TRIGGER_ERROR = "error"
 TRIGGER_ON_DEMAND = "on_demand"
 COUNTED_TABLES = ("ops", "mutations", "keyframes", "metrics", "violations", "events")
+DIGESTED = (*COUNTED_TABLES, "info")
 
 
 def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None = None,
@@ -108,7 +113,7 @@ def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None 
     cm = failure_.cuda_memory(str(cache.config.device), cuda_memory)
     if cm is not None:
         info["cuda_memory"] = cm
-    _write(target, info, rows)
+    _write(target, info, rows, overwrite)
     return target
 
 
@@ -197,13 +202,27 @@ class _Rows:
 
 
 def table_digest(con: sqlite3.Connection, table: str) -> str:
-    """SHA-256 over a table's rows in rowid order (the ``mutations`` view's in seq order): the
-    manifest's guard against damage."""
+    """SHA-256 over a table's rows in rowid order: the manifest's guard against damage.
+
+    ``mutations`` digests the ``journal`` table it is stored in (a view a file defines is
+    never run); ``info`` digests every info row but the manifest (``bundle``) itself, by key,
+    so everything the loader trusts is covered."""
     h = hashlib.sha256()
-    order = "seq" if table == "mutations" else "rowid"
-    for row in con.execute(f"SELECT * FROM {table} ORDER BY {order}"):
+    if table == "info":
+        sql = "SELECT key, value FROM info WHERE key != 'bundle' ORDER BY key"
+    else:
+        sql = f"SELECT * FROM {'journal' if table == 'mutations' else table} ORDER BY rowid"
+    for row in con.execute(sql):
         h.update(repr(row).encode())
     return h.hexdigest()
+
+
+def row_count(con: sqlite3.Connection, table: str) -> int:
+    """Rows of a counted table; ``mutations``: the entries of the ``journal`` chunks."""
+    if table == "mutations":
+        return int(con.execute("SELECT coalesce(sum(json_array_length(data)), 0) FROM journal")
+                   .fetchone()[0])
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
 def _caller_ids(ctx: Any) -> tuple[str | None, str | None]:
@@ -216,29 +235,57 @@ def _caller_ids(ctx: Any) -> tuple[str | None, str | None]:
     return format(sc.trace_id, "032x"), format(sc.span_id, "016x")
 
 
-def _write(target: Path, info: dict, rows: _Rows) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    con = sqlite3.connect(tmp, isolation_level=None)
+def _write(target: Path, info: dict, rows: _Rows, overwrite: bool) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        con.execute("PRAGMA journal_mode=DELETE")
-        con.executescript("BEGIN;" + SCHEMA + "COMMIT;")
-        con.execute("BEGIN")
-        con.executemany("INSERT INTO info VALUES (?, ?)",
-                        [(k, dumps(v)) for k, v in info.items()])
-        con.executemany("INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows.ops)
-        if rows.mutations:
-            con.execute("INSERT INTO journal VALUES (?,?,?)", journal_chunk(rows.mutations))
-        con.executemany("INSERT INTO keyframes VALUES (?,?,?)", rows.keyframes)
-        con.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?)", rows.metrics)
-        con.executemany("INSERT INTO violations (ts_ns, seq, kind, message, details) "
-                        "VALUES (?,?,?,?,?)", rows.violations)
-        con.executemany("INSERT INTO events (ts_ns, seq, kind, attrs) VALUES (?,?,?,?)",
-                        rows.events)
-        digests = {t: table_digest(con, t) for t in COUNTED_TABLES}
-        meta = dict(info["bundle"], digests=digests)
-        con.execute("UPDATE info SET value = ? WHERE key = 'bundle'", (dumps(meta),))
-        con.execute("COMMIT")
+        con = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=DELETE")
+            con.executescript("BEGIN;" + SCHEMA + "COMMIT;")
+            con.execute("BEGIN")
+            con.executemany("INSERT INTO info VALUES (?, ?)",
+                            [(k, dumps(v)) for k, v in info.items()])
+            con.executemany("INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows.ops)
+            if rows.mutations:
+                con.execute("INSERT INTO journal VALUES (?,?,?)", journal_chunk(rows.mutations))
+            con.executemany("INSERT INTO keyframes VALUES (?,?,?)", rows.keyframes)
+            con.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?)", rows.metrics)
+            con.executemany("INSERT INTO violations (ts_ns, seq, kind, message, details) "
+                            "VALUES (?,?,?,?,?)", rows.violations)
+            con.executemany("INSERT INTO events (ts_ns, seq, kind, attrs) VALUES (?,?,?,?)",
+                            rows.events)
+            digests = {t: table_digest(con, t) for t in DIGESTED}
+            meta = dict(info["bundle"], digests=digests)
+            con.execute("UPDATE info SET value = ? WHERE key = 'bundle'", (dumps(meta),))
+            con.execute("COMMIT")
+        finally:
+            con.close()
+        publish(tmp, target, overwrite)
     finally:
-        con.close()
-    os.replace(tmp, target)
+        tmp.unlink(missing_ok=True)
+
+
+def publish(tmp: Path, target: Path, overwrite: bool) -> None:
+    """Move the finished file ``tmp`` to ``target`` atomically: replacing it when
+    ``overwrite``, else only if nothing is there (a hard link fails on an existing name; where
+    links are not supported, the name is claimed with an exclusive create first).
+
+    Raises:
+        FileExistsError: ``target`` exists and ``overwrite`` is False.
+    """
+    if overwrite:
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise FileExistsError(f"bundle {str(target)!r} already exists (pass overwrite=True)"
+                              ) from None
+    except OSError:  # no hard links here: claim the name, then replace the empty claim
+        with open(target, "x"):
+            pass
+        os.replace(tmp, target)
+    else:
+        tmp.unlink()

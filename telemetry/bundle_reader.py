@@ -5,14 +5,18 @@ store. Both return a ``PostmortemReader``: a ``telemetry.StoreReader``
 (``ops()``, ``mutations()``, ``metrics()``, ``violations()``, ``events()``, ``info()``,
 ``state_at(seq)``...) plus ``nodes(seq)``, ``snapshot()``, ``failure()`` and ``ledgers()``.
 
-Opening never executes anything from the file: it is SQLite and JSON only. A file that is not
-SQLite, is truncated, fails SQLite's own check, has another schema, or whose row counts differ
-from the bundle's manifest raises one ``ValueError`` naming the file and what is wrong.
+Opening never executes anything from the file: it is SQLite and JSON only, and only after the
+file's ``sqlite_master`` is found to hold exactly this schema (no view or trigger a file brings
+is run). It ends in bounded time: SQLite's integrity check and the manifest's digests run
+under a time limit (``BUNDLE_CHECK_S``), and every tree is checked for shape (one root, no
+missing parent, no cycle) before it is walked. A file that is not SQLite, is truncated, fails
+SQLite's own check, has another schema, whose row counts or digests (every table and every
+``info`` row but the manifest) differ from the manifest, or whose tree is not a tree raises
+one ``ValueError`` naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 import sqlite3
@@ -21,10 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 from cache.snapshot import CacheSnapshot
-from telemetry.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, COUNTED_TABLES, table_digest
+from telemetry.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, DIGESTED, row_count, table_digest
 from telemetry.reader import StoreReader
+from telemetry.shape import check_tree
+from telemetry.store import check_file, time_bound
+from telemetry.store import quick_check as _quick_check
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
+BUNDLE_CHECK_S = 10.0  # a bundle's full integrity check and digests: well under a second
 _REQUIRED_INFO = ("failure", "live_snapshot", "config", "ledgers")
 
 
@@ -45,14 +52,15 @@ class PostmortemReader(StoreReader):
         precheck(p)
         super().__init__(p)
         try:
-            try:
-                self._info = self.info()
-            except (sqlite3.DatabaseError, json.JSONDecodeError) as e:
-                raise ValueError(f"{str(p)!r} is corrupt: its info table cannot be read "
-                                 f"({type(e).__name__}: {e})") from None
+            self._info = self.info()
             if self.is_bundle or require_bundle:
                 quick_check(p)
-            self._validate(p, require_bundle)
+            try:
+                with time_bound(self._con, BUNDLE_CHECK_S, f"verifying {str(p)!r}"):
+                    self._validate(p, require_bundle)
+            except (TimeoutError, sqlite3.Error, RecursionError) as e:
+                raise ValueError(f"{str(p)!r} cannot be verified as a crash bundle or telemetry "
+                                 f"store ({type(e).__name__}: {e})") from None
         except Exception:
             self.close()
             raise
@@ -73,12 +81,12 @@ class PostmortemReader(StoreReader):
         missing = [k for k in _REQUIRED_INFO if k not in self._info]
         if missing:
             raise ValueError(f"crash bundle {str(p)!r} is incomplete: no info row(s) {missing}")
-        want = meta.get("rows") or {}
-        digests = meta.get("digests") or {}
+        want = meta.get("rows") if isinstance(meta.get("rows"), dict) else {}
+        digests = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
         with self._read() as con:
-            for table in COUNTED_TABLES:
-                have = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                if have != want.get(table):
+            for table in DIGESTED:
+                have = row_count(con, table) if table != "info" else None
+                if table != "info" and have != want.get(table):
                     raise ValueError(f"crash bundle {str(p)!r} is truncated or damaged: table "
                                      f"{table!r} has {have} rows, its manifest says "
                                      f"{want.get(table)!r}")
@@ -86,8 +94,9 @@ class PostmortemReader(StoreReader):
                     raise ValueError(f"crash bundle {str(p)!r} is damaged: the rows of table "
                                      f"{table!r} do not match the manifest's SHA-256")
         try:
-            self._live = CacheSnapshot.from_dict(self._info["live_snapshot"])
-        except ValueError as e:
+            self._live = check_tree(CacheSnapshot.from_dict(self._info["live_snapshot"]),
+                                    f"crash bundle {str(p)!r}: live_snapshot")
+        except (ValueError, TypeError, RecursionError) as e:
             raise ValueError(f"crash bundle {str(p)!r}: live_snapshot: {e}") from None
 
     # ---- what kind of file ---------------------------------------------------------------------
@@ -163,56 +172,32 @@ class PostmortemReader(StoreReader):
 
 
 def precheck(p: Path) -> None:
-    """File-level checks before SQLite opens it: present, a file, SQLite, not truncated.
+    """File-level checks before SQLite opens it: present, a file, SQLite, not truncated
+    (``telemetry.store.check_file``).
 
     Raises:
         FileNotFoundError: nothing at ``p``.
         ValueError: a directory, not SQLite, or shorter than its header says.
     """
-    if not p.exists():
-        raise FileNotFoundError(f"no crash bundle or telemetry store at {str(p)!r}")
-    if p.is_dir():
-        raise ValueError(f"{str(p)!r} is a directory, not a crash bundle or telemetry store")
-    with open(p, "rb") as f:
-        head = f.read(100)
-    if not head:
-        raise ValueError(f"{str(p)!r} is empty: not a crash bundle or telemetry store")
-    if not head.startswith(_SQLITE_MAGIC):
-        raise ValueError(f"{str(p)!r} is not a radixscope crash bundle or telemetry store: not an "
-                         f"SQLite file (it starts with {head[:16]!r})")
-    if len(head) < 100:
-        raise ValueError(f"{str(p)!r} is truncated: {len(head)} bytes, shorter than an SQLite "
-                         "header")
-    page = int.from_bytes(head[16:18], "big")
-    page = 65536 if page == 1 else page
-    pages = int.from_bytes(head[28:32], "big")
-    valid = head[24:28] == head[92:96] and pages > 0
-    size = p.stat().st_size
-    if valid and size < page * pages and not _has_wal(p):
-        raise ValueError(f"{str(p)!r} is truncated: its SQLite header says {pages} pages of "
-                         f"{page} bytes ({page * pages} bytes) but the file has {size} bytes")
+    check_file(p, "crash bundle or telemetry store")
 
 
 def quick_check(p: Path) -> None:
-    """SQLite's own page-level check (reads the whole file: bundles only, never a big store).
+    """SQLite's own page-level check of the whole file (bundles: small), bounded in time.
 
     Raises:
-        ValueError: SQLite finds damage.
+        ValueError: SQLite finds damage, or the check takes longer than ``BUNDLE_CHECK_S``.
     """
     try:
         con = sqlite3.connect(f"{p.as_uri()}?mode=ro", uri=True)
-        try:
-            res = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as e:
+    except sqlite3.Error as e:
         raise ValueError(f"{str(p)!r} is corrupt: SQLite says {e}") from None
-    if res != ["ok"]:
-        raise ValueError(f"{str(p)!r} is corrupt: SQLite quick_check says {'; '.join(res[:3])}")
-
-
-def _has_wal(p: Path) -> bool:
-    return p.with_name(p.name + "-wal").exists()
+    try:
+        if not _quick_check(con, p, BUNDLE_CHECK_S):
+            raise ValueError(f"{str(p)!r}: SQLite's integrity check did not finish within "
+                             f"{BUNDLE_CHECK_S:g} s; not read as a crash bundle")
+    finally:
+        con.close()
 
 
 def nodes_frame(snap: CacheSnapshot) -> pd.DataFrame:
@@ -220,7 +205,12 @@ def nodes_frame(snap: CacheSnapshot) -> pd.DataFrame:
     ``prefix_start`` / ``prefix_end`` (token positions the node covers), ``key_len``,
     ``tokens`` (tuple), ``extra_key``, ``last_access``, ``hits``, and per component ``c``:
     ``dev_<c>`` / ``host_<c>`` (length, -1 = no value), ``lock_<c>``, ``href_<c>``,
-    ``state_<c>`` (device / host / device+host / tombstone)."""
+    ``state_<c>`` (device / host / device+host / tombstone).
+
+    Raises:
+        ValueError: the nodes do not form one tree (a cycle, a missing parent...).
+    """
+    check_tree(snap, f"snapshot at seq {snap.seq}")
     by_id = {n.node_id: n for n in snap.nodes}
     depth: dict[int, int] = {}
     start: dict[int, int] = {}

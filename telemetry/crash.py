@@ -21,12 +21,14 @@ import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from telemetry.bundle import write_bundle
 
 log = logging.getLogger("radixscope.telemetry")
+_NAME_RETRIES = 8
 
 
 class CrashBundler:
@@ -69,7 +71,7 @@ class CrashBundler:
                             self.max_bundles, type(exc).__name__, op)
             else:
                 self.bundled_errors += 1
-                self._write(self.path_for(op), exc, op, None)
+                self._write(self.path_for(op), exc, op, None)  # a fresh name: see _write
         finally:
             if self.previous_hook is not None:
                 self.previous_hook(op, exc)
@@ -88,8 +90,9 @@ class CrashBundler:
         Returns:
             The bundle's path, or None when writing failed (logged and counted).
         """
-        target = Path(path) if path is not None else self.path_for(op or "dump")
-        return self._write(target, exc, op, note)
+        if path is not None:
+            return self._write(Path(path), exc, op, note, fresh=False)
+        return self._write(self.path_for(op or "dump"), exc, op, note)
 
     def path_for(self, op: str) -> Path:
         """A fresh bundle path: ``<directory>/bundle-<time>-<pid>-<n>-<op>.db``."""
@@ -105,11 +108,23 @@ class CrashBundler:
             self.cache.bundle_writer = None
 
     def _write(self, target: Path, exc: BaseException | None, op: str | None,
-               note: str | None) -> Path | None:
+               note: str | None, fresh: bool = True) -> Path | None:
+        """Write one bundle. ``write_bundle`` creates the file exclusively; a generated name
+        (``fresh``) that another bundler took in the meantime (same second, same process) is
+        retried with a unique suffix, so no bundle replaces another."""
         with self._lock:
             try:
-                path = write_bundle(self.cache, target, exc, self.recorder, op=op,
-                                    n_ops=self.n_ops, cuda_memory=self.cuda_memory, note=note)
+                for attempt in range(_NAME_RETRIES):
+                    try:
+                        path = write_bundle(self.cache, target, exc, self.recorder, op=op,
+                                            n_ops=self.n_ops, cuda_memory=self.cuda_memory,
+                                            note=note)
+                        break
+                    except FileExistsError:
+                        if not fresh or attempt == _NAME_RETRIES - 1:
+                            raise
+                        target = target.with_name(f"{target.stem.split('~')[0]}~"
+                                                  f"{uuid.uuid4().hex[:8]}{target.suffix}")
             except Exception as e:  # noqa: BLE001 - telemetry never raises into the cache
                 self.failures += 1
                 log.exception("crash bundle %s failed: %r", target, e)

@@ -17,9 +17,12 @@ from contextlib import contextmanager
 import pandas as pd
 
 from cache import events as ev
-from cache.snapshot import CacheSnapshot, replay
+from cache.snapshot import CacheSnapshot
 from telemetry import names as n
 from telemetry.encode import CompactOp
+from telemetry.readguard import Malformed, file_errors, int_arg, str_arg
+from telemetry.runstate import run_status
+from telemetry.shape import check_tree, rebuild
 from telemetry.spans import span_attributes
 from telemetry.store import connect_reader
 
@@ -43,12 +46,13 @@ class StoreReader:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: ``path`` is not a radixscope telemetry store (or is corrupt).
+        ValueError: ``path`` is not a radixscope telemetry store (or is corrupt). Damage found
+            later, by a read, raises ``ValueError`` naming the file too.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, integrity_budget_s: float | None = 1.0) -> None:
         self.path = str(path)
-        self._con = connect_reader(path)
+        self._con = connect_reader(path, integrity_budget_s=integrity_budget_s)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -86,12 +90,17 @@ class StoreReader:
         return df
 
     # ---- tables ----------------------------------------------------------------------------
+    @file_errors
     def info(self) -> dict:
         """``info`` as a dict of decoded JSON values (``cache``, ``settings``, ``stats``...)."""
         with self._read() as con:
             rows = con.execute("SELECT key, value FROM info").fetchall()
-        return {k: json.loads(v) for k, v in rows}
+        try:
+            return {k: json.loads(v) for k, v in rows}
+        except TypeError as e:
+            raise Malformed(f"an info value is not JSON text: {e}") from None
 
+    @file_errors
     def ops(self, op: str | None = None, since_op_id: int | None = None) -> pd.DataFrame:
         """One row per cache op (ordered by op id), ``attrs`` decoded.
 
@@ -99,17 +108,23 @@ class StoreReader:
             op: only this op name.
             since_op_id: only ops with a larger id.
         """
+        str_arg("op", op)
+        int_arg("since_op_id", since_op_id)
         where, params = _where(("op = ?", op), ("op_id > ?", since_op_id))
         return self._frame("ops", f"SELECT * FROM ops{where} ORDER BY op_id", params)
 
+    @file_errors
     def mutations(self, start_seq: int | None = None, end_seq: int | None = None) -> pd.DataFrame:
         """The journal, ordered by seq, ``value`` decoded; bounds are inclusive."""
+        int_arg("start_seq", start_seq)
+        int_arg("end_seq", end_seq)
         with self._read() as con:
             rows = _journal_rows(con, start_seq, end_seq)
         df = pd.DataFrame.from_records(rows, columns=list(MUTATION_COLUMNS))
         df["node"] = df["node"].astype("Int64")
         return df
 
+    @file_errors
     def spans(self, trace_id: str | None = None, name: str | None = None,
               include_cache: bool = True) -> pd.DataFrame:
         """Every span, ordered by start time: the cache's op spans (rendered from the ``ops``
@@ -124,6 +139,8 @@ class StoreReader:
             Columns ``trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns,
             status_code, status_message, attributes, events, links, resource, scope, op_id``.
         """
+        str_arg("trace_id", trace_id)
+        str_arg("name", name)
         where, params = _where(("s.trace_id = ?", trace_id), ("s.name = ?", name))
         host = self._frame("spans", "SELECT s.*, r.attributes AS resource FROM spans s LEFT JOIN "
                            f"resources r ON r.id = s.resource_id{where} ORDER BY s.start_ns, "
@@ -172,19 +189,31 @@ class StoreReader:
                         resource, n.INSTRUMENTATION_SCOPE, op_id))
         return pd.DataFrame.from_records(out, columns=list(SPAN_COLUMNS))
 
+    @file_errors
     def keyframes(self) -> pd.DataFrame:
         """Keyframe seqs and times (without the snapshot JSON; see ``keyframe``)."""
         return self._frame("keyframes", "SELECT seq, ts_ns, length(snapshot) AS bytes "
                            "FROM keyframes ORDER BY seq")
 
+    @file_errors
     def keyframe(self, seq: int) -> CacheSnapshot:
         """The keyframe snapshot stored at exactly ``seq``."""
+        int_arg("seq", seq, optional=False)
         with self._read() as con:
             row = con.execute("SELECT snapshot FROM keyframes WHERE seq = ?", (seq,)).fetchone()
         if row is None:
             raise KeyError(f"no keyframe at seq {seq} in {self.path!r}")
-        return CacheSnapshot.from_dict(json.loads(row[0]))
+        return check_tree(self._snapshot(row[0], seq), f"{self.path!r} keyframe at seq {seq}")
 
+    def _snapshot(self, text: object, seq: object) -> CacheSnapshot:
+        """A keyframe's JSON as a ``CacheSnapshot`` (``ValueError`` naming the file)."""
+        try:
+            return CacheSnapshot.from_dict(json.loads(text))  # type: ignore[arg-type]
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"{self.path!r}: the keyframe at seq {seq} is not a valid cache "
+                             f"snapshot ({type(e).__name__}: {e})") from None
+
+    @file_errors
     def metrics(self) -> pd.DataFrame:
         """Pool samples per component x tier over time, with ``held`` derived."""
         df = self._frame("metrics", "SELECT * FROM metrics ORDER BY seq, ts_ns, rowid")
@@ -192,10 +221,13 @@ class StoreReader:
             df["held"] = df["capacity"] - df["available"] - df["evictable"] - df["protected"]
         return df
 
+    @file_errors
     def violations(self) -> pd.DataFrame:
         return self._frame("violations", "SELECT * FROM violations ORDER BY id")
 
+    @file_errors
     def events(self, kind: str | None = None) -> pd.DataFrame:
+        str_arg("kind", kind)
         where, params = _where(("kind = ?", kind))
         return self._frame("events", f"SELECT * FROM events{where} ORDER BY id", params)
 
@@ -203,7 +235,21 @@ class StoreReader:
         """Telemetry health as of the writer's last flush (dropped / failures / notes)."""
         return self.info().get("stats", {})
 
+    @file_errors
+    def run_status(self) -> dict:
+        """Whether the run that wrote this store finished cleanly (``telemetry.runstate``):
+        ``{"state", "clean", "last_seq", "last_ns", "message"}``."""
+        return run_status(self.info(), *self._tops())
+
+    def _tops(self) -> tuple[int | None, int | None, int | None]:
+        with self._read() as con:
+            top = _journal_top(con)
+            kf = con.execute("SELECT max(seq) FROM keyframes").fetchone()[0]
+            op = con.execute("SELECT end_ns FROM ops ORDER BY op_id DESC LIMIT 1").fetchone()
+        return top, kf, (op[0] if op else None)
+
     # ---- the journal -------------------------------------------------------------------------
+    @file_errors
     def last_seq(self) -> int:
         """Highest seq the store can rebuild (last mutation, or the first keyframe's seq)."""
         with self._read() as con:
@@ -215,12 +261,23 @@ class StoreReader:
                              "(no cache has attached)")
         return max(vals)
 
+    @file_errors
     def journal(self, start_seq: int | None = None, end_seq: int | None = None) -> list[tuple]:
         """Mutation tuples ``(seq, op_id, kind, node, comp, tier, value)`` ready for replay."""
+        int_arg("start_seq", start_seq)
+        int_arg("end_seq", end_seq)
         with self._read() as con:
             rows = _journal_rows(con, start_seq, end_seq)
-        return [_decode_mutation(r) for r in rows]
+        return self._decoded(rows)
 
+    def _decoded(self, rows: list[list]) -> list[tuple]:
+        try:
+            return [_decode_mutation(r) for r in rows]
+        except (ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"{self.path!r}: a journal entry is malformed ({type(e).__name__}: "
+                             f"{e})") from None
+
+    @file_errors
     def state_at(self, seq: int) -> CacheSnapshot:
         """The cache as it was right after mutation ``seq``: the nearest keyframe at or before
         ``seq`` plus a replay of the mutations after it.
@@ -232,8 +289,12 @@ class StoreReader:
             The rebuilt snapshot (equal to ``cache.snapshot()`` taken at that seq).
 
         Raises:
-            ValueError: ``seq`` is out of range or the journal has a gap before it.
+            TypeError: ``seq`` is not an int.
+            ValueError: ``seq`` is out of range or the journal has a gap before it; the file's
+                keyframe or journal does not form a tree.
         """
+        int_arg("seq", seq, optional=False)
+        seq = int(seq)
         with self._read() as con:
             kf = con.execute("SELECT seq, snapshot FROM keyframes WHERE seq <= ? "
                              "ORDER BY seq DESC LIMIT 1", (seq,)).fetchone()
@@ -251,8 +312,8 @@ class StoreReader:
             missing = next(s for s in range(kf[0] + 1, seq + 1) if s not in have)
             raise ValueError(f"the journal of {self.path!r} has a gap at seq {missing} "
                              "(records were dropped); the state after it cannot be rebuilt")
-        start = CacheSnapshot.from_dict(json.loads(kf[1]))
-        return replay(start, (_decode_mutation(r) for r in rows))
+        start = self._snapshot(kf[1], kf[0])
+        return rebuild(start, self._decoded(rows), f"{self.path!r} at seq {seq}")
 
 
 def open_store(path: str | os.PathLike) -> StoreReader:
@@ -303,9 +364,17 @@ def _journal_rows(con: sqlite3.Connection, lo: int | None, hi: int | None) -> li
         params = (first, hi)
     out: list[list] = []
     for (data,) in con.execute(sql + " ORDER BY seq_first", params):
-        chunk = json.loads(data)
-        if (lo is not None and chunk[0][0] < lo) or (hi is not None and chunk[-1][0] > hi):
-            chunk = [m for m in chunk if (lo is None or m[0] >= lo) and (hi is None or m[0] <= hi)]
+        try:
+            chunk = json.loads(data)
+            if not isinstance(chunk, list) or not all(
+                    isinstance(m, list) and len(m) == 7 and isinstance(m[0], int) for m in chunk):
+                raise TypeError("not a list of [seq, op_id, kind, node, comp, tier, value]")
+            if chunk and ((lo is not None and chunk[0][0] < lo)
+                          or (hi is not None and chunk[-1][0] > hi)):
+                chunk = [m for m in chunk
+                         if (lo is None or m[0] >= lo) and (hi is None or m[0] <= hi)]
+        except TypeError as e:
+            raise Malformed(f"a journal chunk is malformed: {e}") from None
         out.extend(chunk)
     return out
 

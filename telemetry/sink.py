@@ -209,10 +209,27 @@ class Sink:
                 self.store.commit()
         return self.health.snapshot()
 
-    def close(self) -> dict:
-        """Final flush, then close the store. Idempotent. Returns ``flush``'s snapshot."""
+    def close(self, clean: bool = True) -> dict:
+        """Final flush, the ``closed`` info row, then close the store. Idempotent.
+
+        Args:
+            clean: the host closed telemetry (``tel.close()``); False when the writer closes
+                the store because its host process went away without closing (killed,
+                crashed), so readers can tell the run did not finish.
+
+        Returns:
+            ``flush``'s snapshot.
+        """
         if self.closed:
             return self._final
+        if self.store is not None:
+            with self.health.guard("store.closed_row"):
+                j = self.journal
+                self.store.set_info("closed", {
+                    "clean": bool(clean), "ts_ns": time.time_ns(),
+                    "last_seq": j.last_seq if j is not None else None,
+                    "reason": None if clean else "the host process ended without closing "
+                                                 "telemetry (killed or crashed)"})
         self._final = self.flush()
         self.closed = True
         if self.store is not None:

@@ -8,7 +8,11 @@ it writes.
 Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
 
 - ``info(key, value)``: JSON values: ``schema``, ``created_ns``, ``cache`` (the attach info),
-  ``settings``, ``stats`` (dropped / failure counters), ``gaps``.
+  ``settings``, ``stats`` (dropped / failure counters), ``gaps``, ``run`` (a unique id, the
+  host process's pid and host name) and, once the writer has closed the store, ``closed``
+  (``clean``: closed by ``tel.close()``, or false when the host process ended without closing;
+  ``ts_ns``, ``last_seq``). A store without ``closed`` was never closed: its run was killed
+  (or is still writing).
 - ``ops``: one row per cache operation (``op_id`` is the rowid), with its seq range and its
   span's ids.
 - ``journal``: the mutations in chunks (one per writer batch, keyed by the first seq): ``data``
@@ -25,10 +29,15 @@ Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import socket
 import sqlite3
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SCHEMA_VERSION = 2  # 2: ops keyed by op_id, mutations in journal chunks
@@ -118,7 +127,9 @@ def create_store(path: Path, settings: dict, overwrite: bool = False) -> None:
         con.executescript("BEGIN;" + SCHEMA + "COMMIT;")
         rows = [("schema", json.dumps({"name": SCHEMA_NAME, "version": SCHEMA_VERSION})),
                 ("created_ns", json.dumps(time.time_ns())),
-                ("settings", json.dumps(settings, default=repr))]
+                ("settings", json.dumps(settings, default=repr)),
+                ("run", json.dumps({"id": uuid.uuid4().hex, "pid": os.getpid(),
+                                    "host": socket.gethostname()}))]
         con.executemany("INSERT INTO info VALUES (?, ?)", rows)
     finally:
         con.close()  # checkpoints the WAL into the main file
@@ -143,33 +154,179 @@ def connect_writer(path: str | os.PathLike) -> sqlite3.Connection:
     return con
 
 
-def connect_reader(path: str | os.PathLike) -> sqlite3.Connection:
-    """A read-only connection (``mode=ro`` URI) that waits out a busy writer.
+def connect_reader(path: str | os.PathLike, *, integrity_budget_s: float = 1.0
+                   ) -> sqlite3.Connection:
+    """A read-only connection (``mode=ro`` URI) to a verified store, waiting out a busy writer.
+
+    Nothing the file defines is trusted before it is checked: the file must be SQLite (header),
+    its ``sqlite_master`` must list exactly this schema's tables, indexes and views (so no view
+    or trigger a file brings is ever run), its schema row must name this version, and SQLite's
+    ``quick_check`` must find no damage within ``integrity_budget_s`` (the check stops there on
+    a big store; damage found later still raises ``ValueError``, see ``StoreReader``).
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ValueError: ``path`` is a directory, not an SQLite file, or not a radixscope store.
+        ValueError: ``path`` is a directory, not an SQLite file, damaged, not a radixscope
+            store, or another schema version (naming the file).
     """
     p = Path(path).expanduser().absolute()
-    if not p.exists():
-        raise FileNotFoundError(f"no telemetry store at {str(p)!r}")
-    if p.is_dir():
-        raise ValueError(f"telemetry store path {str(p)!r} is a directory, not a store file")
+    check_file(p)
     uri = f"{p.as_uri()}?mode=ro"
     try:
         con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
                               timeout=30.0)
-        con.execute("PRAGMA busy_timeout=30000")
-        row = con.execute("SELECT value FROM info WHERE key = 'schema'").fetchone()
-    except sqlite3.DatabaseError as e:
-        raise ValueError(f"{str(p)!r} is not a radixscope telemetry store "
+    except sqlite3.Error as e:
+        raise ValueError(f"{str(p)!r} cannot be opened as a radixscope telemetry store "
                          f"(SQLite says: {e})") from None
-    schema = json.loads(row[0]) if row else {}
-    if schema.get("name") != SCHEMA_NAME:
+    try:
+        con.execute("PRAGMA busy_timeout=30000")
+        con.execute("PRAGMA trusted_schema=OFF")
+        with time_bound(con, OPEN_BUDGET_S, f"opening {str(p)!r}"):
+            _verify_schema(con, p)
+        con.execute("PRAGMA trusted_schema=ON")  # verified: the mutations view is ours
+        quick_check(con, p, integrity_budget_s)
+    except sqlite3.Error as e:
         con.close()
-        raise ValueError(f"{str(p)!r} is not a radixscope telemetry store (no schema row)")
-    if schema.get("version") != SCHEMA_VERSION:
+        raise ValueError(f"{str(p)!r} is not a readable radixscope telemetry store "
+                         f"(SQLite says: {e})") from None
+    except BaseException:
         con.close()
-        raise ValueError(f"telemetry store {str(p)!r} has schema version "
-                         f"{schema.get('version')!r}; this reader reads {SCHEMA_VERSION}")
+        raise
     return con
+
+
+OPEN_BUDGET_S = 10.0  # reading sqlite_master and the schema row: milliseconds on a real store
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_MAX_SCHEMA_ROW = 4096  # bytes: the schema row is a small JSON object
+
+
+def check_file(p: Path, kind: str = "telemetry store") -> None:
+    """File-level checks before SQLite opens ``p``: present, a regular file, SQLite, not shorter
+    than its header says.
+
+    Raises:
+        FileNotFoundError: nothing at ``p``.
+        ValueError: a directory, not a regular file, not SQLite, or truncated.
+    """
+    if not p.exists():
+        raise FileNotFoundError(f"no {kind} at {str(p)!r}")
+    if p.is_dir():
+        raise ValueError(f"{str(p)!r} is a directory, not a {kind}")
+    if not p.is_file():
+        raise ValueError(f"{str(p)!r} is not a regular file (a device, pipe or socket), not a "
+                         f"{kind}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise ValueError(f"{str(p)!r} cannot be read: {e}") from None
+    if not head:
+        raise ValueError(f"{str(p)!r} is empty: not a {kind}")
+    if not head.startswith(_SQLITE_MAGIC):
+        raise ValueError(f"{str(p)!r} is not a radixscope {kind}: not "
+                         f"an SQLite file (it starts with {head[:16]!r})")
+    if len(head) < 100:
+        raise ValueError(f"{str(p)!r} is truncated: {len(head)} bytes, shorter than an SQLite "
+                         "header")
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    valid = head[24:28] == head[92:96] and pages > 0
+    size = p.stat().st_size
+    if valid and size < page * pages and not p.with_name(p.name + "-wal").exists():
+        raise ValueError(f"{str(p)!r} is truncated: its SQLite header says {pages} pages of "
+                         f"{page} bytes ({page * pages} bytes) but the file has {size} bytes")
+
+
+@contextmanager
+def time_bound(con: sqlite3.Connection, seconds: float, what: str) -> Iterator[None]:
+    """Interrupt any statement ``con`` runs inside the block once ``seconds`` have passed
+    (SQLite's progress handler), raising ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + seconds
+    fired = [False]
+
+    def check() -> int:
+        if time.monotonic() > deadline:
+            fired[0] = True
+            return 1
+        return 0
+
+    con.set_progress_handler(check, 10_000)
+    try:
+        yield
+    except sqlite3.OperationalError:
+        if fired[0]:
+            raise TimeoutError(f"{what} took longer than {seconds:g} s (stopped)") from None
+        raise
+    finally:
+        con.set_progress_handler(None, 0)
+
+
+def quick_check(con: sqlite3.Connection, p: Path, budget_s: float | None) -> bool:
+    """SQLite's page-level ``quick_check`` on ``con``, stopped after ``budget_s`` (None: no
+    limit). Returns whether it ran to the end.
+
+    Raises:
+        ValueError: SQLite finds damage (naming the file).
+    """
+    try:
+        if budget_s is None:
+            res = [r[0] for r in con.execute("PRAGMA quick_check(5)").fetchall()]
+        else:
+            with time_bound(con, budget_s, "quick_check"):
+                res = [r[0] for r in con.execute("PRAGMA quick_check(5)").fetchall()]
+    except TimeoutError:
+        return False
+    except sqlite3.DatabaseError as e:
+        raise ValueError(f"{str(p)!r} is damaged: SQLite says {e}") from None
+    if res != ["ok"]:
+        raise ValueError(f"{str(p)!r} is damaged: SQLite quick_check says "
+                         f"{'; '.join(str(r) for r in res[:3])}")
+    return True
+
+
+@functools.cache
+def expected_master() -> frozenset[tuple[str, str, str, str]]:
+    """``(type, name, tbl_name, sql)`` of every object this schema creates."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(SCHEMA)
+        return frozenset(_master(con))
+    finally:
+        con.close()
+
+
+def _master(con: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
+    rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    return [(t, nm, tb, " ".join(str(sql).split()) if sql is not None else "")
+            for t, nm, tb, sql in rows]
+
+
+def _verify_schema(con: sqlite3.Connection, p: Path) -> None:
+    have = _master(con)
+    names = {r[1] for r in have}
+    if "info" not in names:
+        raise ValueError(f"{str(p)!r} is not a radixscope telemetry store (an SQLite file "
+                         "without an info table)")
+    row = con.execute("SELECT CASE WHEN length(CAST(value AS BLOB)) <= ? THEN value END "
+                      "FROM info WHERE key = 'schema'", (_MAX_SCHEMA_ROW,)).fetchone() \
+        if ("table", "info", "info") in {r[:3] for r in have} else None
+    try:
+        schema = json.loads(row[0]) if row and isinstance(row[0], str) else None
+    except (ValueError, RecursionError):
+        schema = None
+    if not isinstance(schema, dict) or schema.get("name") != SCHEMA_NAME:
+        raise ValueError(f"{str(p)!r} is not a radixscope telemetry store (its info table has "
+                         f"no {SCHEMA_NAME} schema row)")
+    version = schema.get("version")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise ValueError(f"telemetry store {str(p)!r} has schema version {version!r}; this "
+                         f"reader reads {SCHEMA_VERSION}")
+    want = expected_master()
+    got = frozenset(have)
+    if got != want:
+        extra = sorted(f"{t} {nm}" for t, nm, _tb, _s in got - want)
+        missing = sorted(f"{t} {nm}" for t, nm, _tb, _s in want - got)
+        raise ValueError(f"{str(p)!r} does not have the radixscope telemetry schema (version "
+                         f"{SCHEMA_VERSION}): unexpected or altered {extra[:5]}, missing "
+                         f"{missing[:5]}; it is not read")

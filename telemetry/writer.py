@@ -6,7 +6,8 @@ span objects and metric instruments only for configured exporters / readers, and
 then loops: receive pickled message batches, coalesce what is already
 waiting, hand them to a ``Sink``, commit. ``("flush", token)`` and ``("close", token)`` are
 answered on the acknowledgement pipe with the merged stats. End-of-file on the pipe (the host
-process died) closes the store cleanly, so a crash still leaves a readable store.
+process died) closes the store, so a crash still leaves a readable store, and records that the
+run did not close telemetry (``info["closed"]["clean"]`` false).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
         _serve(conn, acks, sink)
     finally:
         with health.guard("writer.shutdown"):
-            sink.close()
+            sink.close(clean=False)  # a no-op after a "close" request: already closed cleanly
             for thing in owned:
                 thing.shutdown()
 

@@ -1,5 +1,6 @@
-"""Health page: invariant violations with the op that caused each, the doctor's findings and
-budget in plain words, and the telemetry pipeline's own health."""
+"""Health page: whether the run finished cleanly, invariant violations with the op that caused
+each, the doctor's findings and budget in plain words, and the telemetry pipeline's own
+health."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def health_body() -> None:
     finds = health.findings_table(snap)
     n_err = int((finds["severity"] == "error").sum())
     st.markdown(f"## Health at seq {seq:,}")
+    status = data.run_status(ctx.path)
+    if status["state"] == "bundle":
+        st.info(status["message"])
+    elif status["clean"]:
+        st.caption(status["message"])
+    else:
+        st.warning(status["message"] + ". A live run shows this until it closes.")
     a, b, c = st.columns(3)
     a.metric("Recorded violations", f"{len(viol):,}")
     b.metric("Doctor errors now", f"{n_err:,}")
