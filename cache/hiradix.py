@@ -79,7 +79,7 @@ class HiRadixCache(CacheCore):
         check_namespace(extra_key)
         return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
 
-    def _match(self, tokens: tuple[int, ...], extra_key, cow: bool) -> MatchResult:
+    def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
         tree = self.tree
         dev_v = [c.validator(False) for c in self.comps]
         any_v = [c.validator(True) for c in self.comps]

@@ -289,10 +289,10 @@ class CacheCore(Recording):
                     (entry.receipt_id, out, final))
 
     # ---- structure -------------------------------------------------------------------------
-    def new_leaf(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:
+    def new_leaf(self, parent: Node, key, extra_key: object) -> Node:
         node = self.tree.new_child(parent, key, extra_key)
         if self._on:
-            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
+            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, tuple(key)))
         self.refresh_leaf(parent)
         return node
 
