@@ -18,6 +18,7 @@ import pandas as pd
 
 from cache import events as ev
 from cache.snapshot import CacheSnapshot, replay
+from telemetry import keyframes
 from telemetry import names as n
 from telemetry.encode import CompactOp
 from telemetry.spans import span_attributes
@@ -181,9 +182,9 @@ class StoreReader:
         """The keyframe snapshot stored at exactly ``seq``."""
         with self._read() as con:
             row = con.execute("SELECT snapshot FROM keyframes WHERE seq = ?", (seq,)).fetchone()
-        if row is None:
-            raise KeyError(f"no keyframe at seq {seq} in {self.path!r}")
-        return CacheSnapshot.from_dict(json.loads(row[0]))
+            if row is None:
+                raise KeyError(f"no keyframe at seq {seq} in {self.path!r}")
+            return keyframes.load(con, row[0])
 
     def metrics(self) -> pd.DataFrame:
         """Pool samples per component x tier over time, with ``held`` derived."""
@@ -243,6 +244,7 @@ class StoreReader:
                                  f"{self.path!r}")
             rows = _journal_rows(con, kf[0] + 1, seq)
             top = _journal_top(con)
+            start = keyframes.load(con, kf[1])
         if seq > max(kf[0], top if top is not None else kf[0]):
             raise ValueError(f"seq {seq} is past the last seq ({max(kf[0], top or kf[0])}) "
                              f"of {self.path!r}")
@@ -251,7 +253,6 @@ class StoreReader:
             missing = next(s for s in range(kf[0] + 1, seq + 1) if s not in have)
             raise ValueError(f"the journal of {self.path!r} has a gap at seq {missing} "
                              "(records were dropped); the state after it cannot be rebuilt")
-        start = CacheSnapshot.from_dict(json.loads(kf[1]))
         return replay(start, (_decode_mutation(r) for r in rows))
 
 

@@ -31,7 +31,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-SCHEMA_VERSION = 2  # 2: ops keyed by op_id, mutations in journal chunks
+SCHEMA_VERSION = 3  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
+#                    keyframes as compressed JSON with token references
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """
@@ -48,7 +49,8 @@ CREATE VIEW mutations AS SELECT
     json_extract(m.value, '$[4]') AS comp, json_extract(m.value, '$[5]') AS tier,
     json_quote(json_extract(m.value, '$[6]')) AS value
     FROM journal j, json_each(j.data) m;
-CREATE TABLE keyframes (seq INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, snapshot TEXT NOT NULL);
+CREATE TABLE keyframes (seq INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, snapshot NOT NULL);
+CREATE TABLE node_tokens (node INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 CREATE TABLE metrics (
     seq INTEGER NOT NULL, ts_ns INTEGER NOT NULL, component TEXT NOT NULL, tier TEXT NOT NULL,
     capacity INTEGER NOT NULL, available INTEGER NOT NULL, evictable INTEGER NOT NULL,
@@ -70,8 +72,8 @@ CREATE TABLE events (
     kind TEXT NOT NULL, attrs TEXT NOT NULL);
 """
 
-TABLES = ("info", "ops", "journal", "keyframes", "metrics", "resources", "spans",
-          "violations", "events")
+TABLES = ("info", "ops", "journal", "keyframes", "node_tokens", "metrics", "resources",
+          "spans", "violations", "events")
 
 
 def resolve_new_store(path: str | os.PathLike, overwrite: bool) -> Path:
