@@ -12,8 +12,8 @@ op: median and p99 of the calling thread's CPU time; per request (match + insert
 unlock) median and p99; req/s; ops/s (match + insert + evict calls per second of their own
 time, as issue 17's table); process memory per resident token beyond the KV buffers (RSS
 delta of building and filling the baseline cache, minus the KV buffers' bytes, divided by the
-tokens resident); store bytes per op (the store's page count between two flushes around the
-measured batches, over the ops issued in them) and ``close()`` time.
+tokens resident); store bytes per op (the store's pages after ``close()`` over every cache call
+of the run, fill included) and ``close()`` time.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
@@ -158,11 +158,12 @@ class Run:
         t0 = time.perf_counter()
         i = 0
         c = self.c
+        self.ops = 0
         while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
-            one_request(c, self.chat.next(), None, f"w{i}")
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1
         for _ in range(max(200, nodes // 20)):  # settle into steady-state eviction
-            one_request(c, self.chat.next(), None, f"w{i}")
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1
         self.fill_s = time.perf_counter() - t0
         self.fill_requests = i
@@ -174,12 +175,10 @@ class Run:
             gc.freeze()
         self.batches: list[dict] = []
         self.store_bytes = 0
-        self.ops = 0
 
     def store_size(self) -> int:
         if self.tel is None:
             return 0
-        self.tel.flush()
         con = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True)
         try:
             return int(con.execute("PRAGMA page_count").fetchone()[0]) * \
@@ -190,14 +189,12 @@ class Run:
     def batch(self, requests: int) -> None:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
-        size0 = self.store_size()
         t = {k: [] for k in (*OPS, "request", "hit")}
         ops = 0
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
             ops += one_request(c, key, t, f"r{k}")
         cpu = (CLOCK() - cpu0) / 1e9
-        self.store_bytes += self.store_size() - size0
         self.ops += ops
         t["cpu"] = cpu
         t["n"] = requests
@@ -208,7 +205,9 @@ class Run:
             return 0.0
         t0 = time.perf_counter()
         self.tel.close()
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.store_bytes = self.store_size()
+        return took
 
     def summary(self) -> dict:
         """Pooled over batches: medians / p99 per op; req/s from the best batch (least noise)."""
@@ -263,7 +262,7 @@ def main() -> None:
               f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV")
         if r.tel is not None:
             print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
-                  f"({r.ops} ops), close {cl:.2f} s")
+                  f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")
     if len(sums) == 2:
         b, t = sums
         print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "

@@ -97,10 +97,13 @@ class HiRadixCache(CacheCore):
             child = node.children.get((extra_key, ck) if node is root else ck)
             if child is None:
                 break
-            k = match_len(tokens, off, child.key, ps)
-            if not k:
-                break
-            if k < len(child.key):
+            key = child.key
+            k = len(key)
+            if tokens[off:off + k] != key:  # whole-node match first: one C compare
+                k = match_len(tokens, off, key, ps)
+                if not k:
+                    break
+            if k < len(key):
                 child = self.split(child, k)
             path.append(child)
             off += k
