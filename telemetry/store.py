@@ -16,7 +16,11 @@ Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
   mutation cost the writer more than everything else it does per op; a chunk is one row and
   one C-encoded JSON text. The ``mutations`` view expands it to one row per state change
   (``value`` as JSON text), for SQL; ``StoreReader`` decodes chunks directly.
-- ``keyframes(seq, ts_ns, snapshot)``: ``CacheSnapshot.to_dict()`` JSON every K mutations.
+- ``keyframes(seq, ts_ns, snapshot)``: at attach ``CacheSnapshot.to_dict()`` JSON text; every K
+  mutations zlib-compressed JSON whose nodes name their tokens by reference ``[origin, start,
+  end]`` into ``node_tokens`` (``telemetry.keyframes``), so a keyframe grows with the node count,
+  not the token count.
+- ``node_tokens(node, tokens)``: each created node's tokens, once (packed uint32/uint64).
 - ``metrics``: per component x tier pool samples (capacity, available, evictable, protected,
   in_flight) at a seq.
 - ``spans`` (+ ``resources``): every finished span, the cache's and the host process's.
