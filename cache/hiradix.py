@@ -18,7 +18,7 @@ from cache import eviction, insertion, invariants, transfers
 from cache.config import CacheConfig
 from cache.errors import InvariantViolation
 from cache.events import Recorder
-from cache.keys import ceil_paged, check_namespace, key_len, normalize_key
+from cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
 from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
 from cache.snapshot import CacheSnapshot
 from cache.state import DEVICE, HOST, TIERS, CacheCore
@@ -79,30 +79,44 @@ class HiRadixCache(CacheCore):
         check_namespace(extra_key)
         return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
 
-    def _match(self, tokens: tuple[int, ...], extra_key, cow: bool) -> MatchResult:
+    def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
         tree = self.tree
-        dev_v = [c.validator(False) for c in self.comps]
-        any_v = [c.validator(True) for c in self.comps]
+        root = tree.root
+        ps = self.page_size
+        # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
+        # so each sees every node of the path top-down
+        aux = self.comps[1:]
+        dev_v = [c.validator(False) for c in aux]
+        any_v = [c.validator(True) for c in aux]
         path: list[Node] = []
         last_dev = best = -1
-        matched = full_len = 0
-        node, off, n = tree.root, 0, len(tokens)
+        full_len = 0
+        node, off, n = root, 0, len(tokens)
         while off < n:
-            step = tree.descend(node, tokens, off, extra_key)
-            if step is None:
+            ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
+            child = node.children.get((extra_key, ck) if node is root else ck)
+            if child is None:
                 break
-            child, k = step
-            if k < len(child.key):
+            key = child.key
+            k = len(key)
+            if tokens[off:off + k] != key:  # whole-node match first: one C compare
+                k = match_len(tokens, off, key, ps)
+                if not k:
+                    break
+            if k < len(key):
                 child = self.split(child, k)
             path.append(child)
             off += k
-            d_ok = [v(child) for v in dev_v]
-            a_ok = [v(child) for v in any_v]
-            if all(d_ok):
-                last_dev = len(path) - 1
-            if all(a_ok):
-                best = len(path) - 1
             f = child.data[0]
+            d_ok = f.value is not None
+            a_ok = d_ok or f.host_value is not None
+            if aux:
+                d_ok = all([v(child) for v in dev_v]) and d_ok
+                a_ok = all([v(child) for v in any_v]) and a_ok
+            if d_ok:
+                last_dev = len(path) - 1
+            if a_ok:
+                best = len(path) - 1
             if f.value is None and f.host_value is None:
                 break
             full_len = off

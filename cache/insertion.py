@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from cache import eviction, transfers
+from cache.keys import match_len
 from cache.results import InsertResult
 from cache.state import DEVICE
 from cache.tree import Node
@@ -16,16 +17,24 @@ def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> 
     """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache)."""
     tree = self.tree
     si = self.ci.get("swa")
-    node, off, n = tree.root, 0, len(tokens)
+    root = tree.root
+    ps = self.page_size
+    node, off, n = root, 0, len(tokens)
     swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
     # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
     # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
     heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
     while off < n:
-        step = tree.descend(node, tokens, off, extra_key)
-        if step is None:
+        ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
+        child = node.children.get((extra_key, ck) if node is root else ck)
+        if child is None:
             break
-        child, k = step
+        key = child.key
+        k = len(key)
+        if tokens[off:off + k] != key:  # whole-node match first: one C compare
+            k = match_len(tokens, off, key, ps)
+            if not k:
+                break
         if k < len(child.key):
             child = self.split(child, k)
         if si is not None and off < heal_from < off + k and child.data[si].value is None:

@@ -197,7 +197,7 @@ def live_snapshot(core) -> CacheSnapshot:
                 None if d.value is None else comp.size(d.value),
                 None if d.host_value is None else comp.size(d.host_value), d.lock_ref, d.host_ref))
         out.append(NodeSnapshot(nid, None if n.parent is None else n.parent.id, n.extra_key,
-                                n.key, n.last_access, n.hit_count, tuple(states)))
+                                tuple(n.key), n.last_access, n.hit_count, tuple(states)))
     in_flight = {}
     for t in core.transfers.values():
         for c, a in t.amounts():

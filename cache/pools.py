@@ -16,8 +16,8 @@ import torch
 class SlotAllocator:
     """Free-page stack plus a used-page bitmap.
 
-    Page ids live in a Python list and the bitmap in a ``bytearray``: per call the cost is a
-    few list operations per page, far below the fixed overhead of small torch ops. Indices
+    Page ids live in an ``array('q')`` (8 bytes a page, not a Python int object each) and the
+    bitmap in a ``bytearray``: per call the cost is a few array operations per page, far below the fixed overhead of small torch ops. Indices
     cross the boundary as int64 tensors.
 
     Args:
@@ -33,7 +33,7 @@ class SlotAllocator:
         self.page_size = page_size
         self.capacity = slots
         self.num_pages = slots // page_size
-        self._free = list(range(self.num_pages - 1, -1, -1))  # a stack: page 0 comes first
+        self._free = array("q", range(self.num_pages - 1, -1, -1))  # a stack: page 0 first
         self._used = bytearray(self.num_pages)
         self._offsets = torch.arange(page_size, dtype=torch.int64)
 
@@ -64,7 +64,7 @@ class SlotAllocator:
                 raise RuntimeError(f"{self.name}: double alloc of page {p} (allocator corrupted)")
             used[p] = 1
         del free[-k:]
-        pages = torch.frombuffer(array("q", picked), dtype=torch.int64)
+        pages = torch.frombuffer(picked, dtype=torch.int64)
         if self.page_size == 1:
             return pages
         return (pages[:, None] * self.page_size + self._offsets).reshape(-1)

@@ -240,7 +240,9 @@ class CacheCore(Recording):
                           {ci: [n.id for n in nodes] for ci, nodes in sorted(pins.items()) if nodes})
         self.locks[rid] = entry
         for node in first.values():
-            self.refresh_leaf(node)
+            # a node with FULL on device under a device child is never a leaf: skip the call
+            if not node.device_children or node.data[0].value is None:
+                self.refresh_leaf(node)
         if self._on:
             self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIERS[tier], (rid, owner, self._pins_out(entry)))
         return rid
@@ -285,16 +287,17 @@ class CacheCore(Recording):
         if final:
             del self.locks[entry.receipt_id]
         for node in touched.values():
-            self.refresh_leaf(node)
+            if not node.device_children or node.data[0].value is None:
+                self.refresh_leaf(node)
         if self._on:
             self._m(ev.LOCK_RELEASE, entry.anchor, None, TIERS[entry.tier],
                     (entry.receipt_id, out, final))
 
     # ---- structure -------------------------------------------------------------------------
-    def new_leaf(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:
+    def new_leaf(self, parent: Node, key, extra_key: object) -> Node:
         node = self.tree.new_child(parent, key, extra_key)
         if self._on:
-            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
+            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, tuple(key)))
         self.refresh_leaf(parent)
         return node
 

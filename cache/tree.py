@@ -7,9 +7,11 @@ executor in ``hiradix.py`` applies them.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
-from cache.keys import child_key, match_len
+from cache.keys import child_key, empty_key, match_len
 
 ROOT_ID = 0
 
@@ -30,7 +32,7 @@ class Node:
     __slots__ = ("id", "parent", "children", "key", "extra_key", "last_access", "hit_count",
                  "data", "device_children")
 
-    def __init__(self, node_id: int, parent: Node | None, key: tuple[int, ...], extra_key: object,
+    def __init__(self, node_id: int, parent: Node | None, key: array, extra_key: object,
                  n_components: int) -> None:
         self.id = node_id
         self.parent = parent
@@ -57,7 +59,7 @@ class RadixTree:
     def __init__(self, page_size: int, n_components: int) -> None:
         self.page_size = page_size
         self.n_components = n_components
-        self.root = Node(ROOT_ID, None, (), None, n_components)
+        self.root = Node(ROOT_ID, None, empty_key(), None, n_components)
         self.nodes: dict[int, Node] = {ROOT_ID: self.root}
         self._next_id = ROOT_ID + 1
 
@@ -67,11 +69,11 @@ class RadixTree:
             raise KeyError(node_id)
         return node
 
-    def file_key(self, parent: Node, tokens: tuple[int, ...], offset: int, extra_key: object):
+    def file_key(self, parent: Node, tokens: array, offset: int, extra_key: object):
         ck = child_key(tokens, offset, self.page_size)
         return (extra_key, ck) if parent.parent is None else ck
 
-    def descend(self, node: Node, tokens: tuple[int, ...], off: int, extra_key: object
+    def descend(self, node: Node, tokens: array, off: int, extra_key: object
                 ) -> tuple[Node, int] | None:
         """The child of ``node`` that ``tokens[off:]`` enters and how many of its tokens match
         (page-rounded, > 0), or None. No mutation."""
@@ -81,7 +83,7 @@ class RadixTree:
         k = match_len(tokens, off, child.key, self.page_size)
         return (child, k) if k else None
 
-    def walk(self, tokens: tuple[int, ...], extra_key: object):
+    def walk(self, tokens: array, extra_key: object):
         """Yield ``(node, matched)`` down the path of ``tokens``: each child visited and how many
         of its tokens match (a partial match is the last one yielded). No mutation."""
         node, off, n = self.root, 0, len(tokens)
@@ -95,7 +97,7 @@ class RadixTree:
                 return
             node, off = child, off + k
 
-    def new_child(self, parent: Node, key: tuple[int, ...], extra_key: object) -> Node:
+    def new_child(self, parent: Node, key: array, extra_key: object) -> Node:
         node = Node(self._next_id, parent, key, extra_key, self.n_components)
         self._next_id += 1
         parent.children[self.file_key(parent, key, 0, extra_key)] = node

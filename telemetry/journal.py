@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from cache import events as ev
 from cache.snapshot import CacheSnapshot, SnapshotBuilder
 from telemetry.health import Health
+from telemetry.keyframes import TokenRefs
 
 PoolKey = tuple[str, str]  # (component, tier)
 
@@ -33,6 +34,7 @@ class Journal:
     def __init__(self, start: CacheSnapshot, health: Health) -> None:
         self.health = health
         self.builder = SnapshotBuilder(start)
+        self.token_refs = TokenRefs(start)
         self.components = start.components
         self._ci = {c: i for i, c in enumerate(start.components)}
         self.gaps: list[tuple[int, int]] = []  # (last seq before, first seq after)
@@ -101,14 +103,18 @@ class Journal:
 
     def keyframe_dict(self) -> dict:
         """``self.snapshot().to_dict()``, built straight from the replica and the ledgers
-        (no frozen snapshot, no per-pool scan of every node): what a keyframe stores."""
+        (no frozen snapshot, no per-pool scan of every node), with each node's tokens given
+        as a reference ``[origin, start, end]`` into the ``node_tokens`` table
+        (``token_refs``; see ``telemetry.keyframes``): what a keyframe stores."""
         b = self.builder
+        refs = self.token_refs.refs
         order = {c: i for i, c in enumerate(self.components)}
         return {
             "seq": b.seq,
             "page_size": b.page_size,
             "components": list(self.components),
-            "nodes": [[nid, r[0], r[1], list(r[2]), r[3], r[4], [list(c) for c in r[5]]]
+            "token_refs": 1,
+            "nodes": [[nid, r[0], r[1], refs[nid], r[3], r[4], r[5]]
                       for nid, r in sorted(b.nodes.items())],
             "pools": [list(p) for p in self.pools()],
             "locks": [[rid, owner, anchor, tier,
@@ -146,7 +152,14 @@ class Journal:
             self._lock_moves(kind == ev.LOCK_ACQUIRE, tier, value[2] if kind == ev.LOCK_ACQUIRE
                              else value[1])
             b.apply(m)
+        elif kind == ev.NODE_CREATE:
+            self.token_refs.create(node, len(value[2]))
+            b.apply(m)
+        elif kind == ev.NODE_SPLIT:
+            self.token_refs.split(node, value[0], value[1])
+            b.apply(m)
         elif kind == ev.NODE_DELETE:
+            self.token_refs.delete(node)
             rec = nodes.get(node)
             if rec is not None and node != 0:
                 for c, st in zip(self.components, rec[5], strict=True):

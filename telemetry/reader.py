@@ -18,6 +18,7 @@ import pandas as pd
 
 from cache import events as ev
 from cache.snapshot import CacheSnapshot
+from telemetry import keyframes
 from telemetry import names as n
 from telemetry.encode import CompactOp
 from telemetry.readguard import Malformed, file_errors, int_arg, str_arg
@@ -201,14 +202,15 @@ class StoreReader:
         int_arg("seq", seq, optional=False)
         with self._read() as con:
             row = con.execute("SELECT snapshot FROM keyframes WHERE seq = ?", (seq,)).fetchone()
-        if row is None:
-            raise KeyError(f"no keyframe at seq {seq} in {self.path!r}")
-        return check_tree(self._snapshot(row[0], seq), f"{self.path!r} keyframe at seq {seq}")
+            if row is None:
+                raise KeyError(f"no keyframe at seq {seq} in {self.path!r}")
+            snap = self._snapshot(con, row[0], seq)
+        return check_tree(snap, f"{self.path!r} keyframe at seq {seq}")
 
-    def _snapshot(self, text: object, seq: object) -> CacheSnapshot:
-        """A keyframe's JSON as a ``CacheSnapshot`` (``ValueError`` naming the file)."""
+    def _snapshot(self, con: sqlite3.Connection, raw: object, seq: object) -> CacheSnapshot:
+        """A stored keyframe as a ``CacheSnapshot`` (``ValueError`` naming the file)."""
         try:
-            return CacheSnapshot.from_dict(json.loads(text))  # type: ignore[arg-type]
+            return keyframes.load(con, raw)  # type: ignore[arg-type]
         except (ValueError, TypeError, RecursionError) as e:
             raise ValueError(f"{self.path!r}: the keyframe at seq {seq} is not a valid cache "
                              f"snapshot ({type(e).__name__}: {e})") from None
@@ -304,6 +306,7 @@ class StoreReader:
                                  f"{self.path!r}")
             rows = _journal_rows(con, kf[0] + 1, seq)
             top = _journal_top(con)
+            start = self._snapshot(con, kf[1], kf[0])
         if seq > max(kf[0], top if top is not None else kf[0]):
             raise ValueError(f"seq {seq} is past the last seq ({max(kf[0], top or kf[0])}) "
                              f"of {self.path!r}")
@@ -312,7 +315,6 @@ class StoreReader:
             missing = next(s for s in range(kf[0] + 1, seq + 1) if s not in have)
             raise ValueError(f"the journal of {self.path!r} has a gap at seq {missing} "
                              "(records were dropped); the state after it cannot be rebuilt")
-        start = self._snapshot(kf[1], kf[0])
         return rebuild(start, self._decoded(rows), f"{self.path!r} at seq {seq}")
 
 

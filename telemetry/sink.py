@@ -16,7 +16,9 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from cache import events as ev
 from cache.snapshot import CacheSnapshot
+from telemetry import keyframes
 from telemetry.encode import CompactOp, SpanRow, decode_records, span_row
 from telemetry.health import Health, merge_stats
 from telemetry.journal import Journal
@@ -121,6 +123,7 @@ class Sink:
         if self.store is not None:
             self.store.set_info("cache", info)
             self.store.set_info("resource", self._resource)
+            self.store.write_node_tokens((n.node_id, n.tokens) for n in snap.nodes)
             self.store.write_keyframe(snap.seq, snapshot)
             self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
 
@@ -139,12 +142,14 @@ class Sink:
             return
         self.store.write_ops(ops, ids)
         self.store.write_mutations(accepted)
+        self.store.write_node_tokens((m[3], m[6][2]) for m in accepted
+                                     if m[2] == ev.NODE_CREATE)
         if j is None or j.broken:
             return
         if j.applied - self._kf_at >= self.keyframe_every:
             with self.health.guard("keyframe"):
                 self._kf_at = j.applied
-                self.store.write_keyframe(j.seq, j.keyframe_dict())
+                self.store.write_keyframe(j.seq, keyframes.encode(j.keyframe_dict()))
         if self._last_end_ns - self._sample_ns >= self.sample_every_ns:
             self._sample_ns = self._last_end_ns
             self.store.write_metrics(j.seq, self._last_end_ns, j.pools())

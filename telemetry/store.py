@@ -20,7 +20,11 @@ Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
   mutation cost the writer more than everything else it does per op; a chunk is one row and
   one C-encoded JSON text. The ``mutations`` view expands it to one row per state change
   (``value`` as JSON text), for SQL; ``StoreReader`` decodes chunks directly.
-- ``keyframes(seq, ts_ns, snapshot)``: ``CacheSnapshot.to_dict()`` JSON every K mutations.
+- ``keyframes(seq, ts_ns, snapshot)``: at attach ``CacheSnapshot.to_dict()`` JSON text; every K
+  mutations zlib-compressed JSON whose nodes name their tokens by reference ``[origin, start,
+  end]`` into ``node_tokens`` (``telemetry.keyframes``), so a keyframe grows with the node count,
+  not the token count.
+- ``node_tokens(node, tokens)``: each created node's tokens, once (packed uint32/uint64).
 - ``metrics``: per component x tier pool samples (capacity, available, evictable, protected,
   in_flight) at a seq.
 - ``spans`` (+ ``resources``): every finished span, the cache's and the host process's.
@@ -40,7 +44,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 2  # 2: ops keyed by op_id, mutations in journal chunks
+SCHEMA_VERSION = 3  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
+#                    keyframes as compressed JSON with token references
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """
@@ -57,7 +62,8 @@ CREATE VIEW mutations AS SELECT
     json_extract(m.value, '$[4]') AS comp, json_extract(m.value, '$[5]') AS tier,
     json_quote(json_extract(m.value, '$[6]')) AS value
     FROM journal j, json_each(j.data) m;
-CREATE TABLE keyframes (seq INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, snapshot TEXT NOT NULL);
+CREATE TABLE keyframes (seq INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, snapshot NOT NULL);
+CREATE TABLE node_tokens (node INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 CREATE TABLE metrics (
     seq INTEGER NOT NULL, ts_ns INTEGER NOT NULL, component TEXT NOT NULL, tier TEXT NOT NULL,
     capacity INTEGER NOT NULL, available INTEGER NOT NULL, evictable INTEGER NOT NULL,
@@ -79,8 +85,8 @@ CREATE TABLE events (
     kind TEXT NOT NULL, attrs TEXT NOT NULL);
 """
 
-TABLES = ("info", "ops", "journal", "keyframes", "metrics", "resources", "spans",
-          "violations", "events")
+TABLES = ("info", "ops", "journal", "keyframes", "node_tokens", "metrics", "resources",
+          "spans", "violations", "events")
 
 
 def resolve_new_store(path: str | os.PathLike, overwrite: bool) -> Path:

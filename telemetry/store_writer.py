@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from telemetry.encode import CompactOp, SpanRow, dumps, journal_chunk
+from telemetry.keyframes import pack_tokens
 from telemetry.store import connect_writer
 
 _OPS_SQL = "INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -96,10 +97,19 @@ class StoreWriter:
             self._resources[attrs_json] = rid
         return rid
 
-    def write_keyframe(self, seq: int, snapshot_dict: dict, ts_ns: int | None = None) -> None:
+    def write_keyframe(self, seq: int, snapshot: dict | bytes, ts_ns: int | None = None) -> None:
+        """A keyframe: a snapshot dict (stored as JSON text, tokens inline) or the bytes of
+        ``telemetry.keyframes.encode`` (token references, compressed)."""
+        data = snapshot if isinstance(snapshot, bytes) else json.dumps(snapshot,
+                                                                       separators=(",", ":"))
         self._tx().execute("INSERT OR REPLACE INTO keyframes VALUES (?, ?, ?)",
-                           (seq, ts_ns or time.time_ns(), json.dumps(snapshot_dict,
-                                                                     separators=(",", ":"))))
+                           (seq, ts_ns or time.time_ns(), data))
+
+    def write_node_tokens(self, rows: Iterable[tuple[int, object]]) -> None:
+        """Each created node's tokens, once (what keyframes' token references point into)."""
+        out = [(node, pack_tokens(tokens)) for node, tokens in rows]
+        if out:
+            self._tx().executemany("INSERT OR REPLACE INTO node_tokens VALUES (?, ?)", out)
 
     def write_metrics(self, seq: int, ts_ns: int,
                       pools: Iterable[tuple[str, str, int, int, int, int, int]]) -> None:

@@ -9,6 +9,7 @@ import pytest
 import telemetry
 from cache import HiRadixCache
 from cache.events import OpRecord
+from telemetry import keyframes
 from tests.cachekit import COMBO_IDS, COMBOS, Driver, make_config
 from tests.telkit import Rig
 
@@ -148,7 +149,15 @@ def test_journal_keyframe_dict_is_the_snapshot_dict(tmp_path):
     _drive(rig, 9)
     rig.tel.flush()
     j = rig.tel.pipeline.transport.sink.journal
-    assert j.keyframe_dict() == j.snapshot().to_dict() == rig.cache.snapshot().to_dict()
+    assert j.snapshot().to_dict() == rig.cache.snapshot().to_dict()
+    # a keyframe names each node's tokens by reference into node_tokens; resolved, it is exact
+    kf = j.keyframe_dict()
+    assert kf["token_refs"] == 1
+    con = sqlite3.connect(rig.store_path)
+    try:
+        assert keyframes.load(con, keyframes.encode(kf)) == rig.cache.snapshot()
+    finally:
+        con.close()
     assert j.pools() == [(p.component, p.tier, p.capacity, p.available, p.evictable,
                           p.protected, p.in_flight) for p in rig.cache.snapshot().pools]
     rig.close()

@@ -45,7 +45,8 @@ def test_store_identity_changes_when_the_file_is_replaced(tmp_path):
     assert data.store_identity(str(path)) not in (None, first)
 
 
-def test_ui_shows_the_new_run_after_the_store_was_replaced(tmp_path):
+def test_ui_shows_the_new_run_after_the_store_was_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXSCOPE_ROOT", str(tmp_path))  # the UI opens stores under its root
     path = tmp_path / "run.db"
     old = _run(path, 3)
     at = AppTest.from_file(APP, default_timeout=90)

@@ -1,0 +1,276 @@
+"""The hot path at scale (issue 17): long multi-turn chat over shared system prompts.
+
+Requests of ~1-3 k tokens (a ~1 k-token system prompt shared by many conversations, then
+turns of 96-320 tokens; a conversation restarts past 3 k tokens), page size 1, FULL only
+(``--components`` for the others), the device pool sized for ~1 k or ~100 k resident nodes
+(``--scale``). Every request is driven as SGLang's scheduler drives its cache:
+match -> lock -> evict when short -> alloc -> insert -> unlock.
+
+Each scale runs two caches in one process, interleaved batch by batch: the baseline (no
+recorder) and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per
+op: median and p99 of the calling thread's CPU time; per request (match + insert + lock +
+unlock) median and p99; req/s; ops/s (match + insert + evict calls per second of their own
+time, as issue 17's table); process memory per resident token beyond the KV buffers (RSS
+delta of building and filling the baseline cache, minus the KV buffers' bytes, divided by the
+tokens resident); store bytes per op (the store's pages after ``close()`` over every cache call
+of the run, fill included) and ``close()`` time.
+
+    python bench/bench_scale.py --scale 1k
+    python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
+
+SCALES = {"1k": 1_000, "100k": 100_000}
+SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
+TOKENS_PER_NODE = 216  # resident tokens per node on this workload (measured)
+OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
+CLOCK = time.thread_time_ns
+
+
+class Chat:
+    """Active conversations over a few shared system prompts; each request is one of them
+    extended by a turn. Conversations are kept as ``array('i')`` (the workload's own memory
+    stays small and countable)."""
+
+    def __init__(self, active: int, seed: int = 0, prompts: int = 8) -> None:
+        self.rng = random.Random(seed)
+        self.prompts = [array("i", [self.rng.randrange(1, 32000) for _ in range(SYS_LEN)])
+                        for _ in range(prompts)]
+        self.convs = [array("i", self.rng.choice(self.prompts)) for _ in range(active)]
+
+    def next(self) -> TokenKey:
+        r = self.rng
+        i = r.randrange(len(self.convs))
+        conv = self.convs[i]
+        if len(conv) > CONV_MAX:
+            conv = self.convs[i] = array("i", r.choice(self.prompts))
+        conv.extend(array("i", [r.randrange(1, 32000)
+                                for _ in range(r.randrange(TURN_MIN, TURN_MAX + 1))]))
+        return TokenKey(conv)
+
+    def nbytes(self) -> int:
+        return sum(c.buffer_info()[1] * c.itemsize for c in self.convs + self.prompts)
+
+
+def make_cache(nodes: int, components: tuple[str, ...], recorder) -> HiRadixCache:
+    tokens = nodes * TOKENS_PER_NODE
+    kw = dict(page_size=1, device_tokens=tokens, host_tokens=0, components=components,
+              layers=1, heads=1, head_dim=1, dtype=torch.float16, device="cpu")
+    if "swa" in components:
+        kw.update(sliding_window=256, swa_device_tokens=tokens, swa_host_tokens=0, swa_layers=1)
+    if "mamba" in components:
+        kw.update(mamba_slots=nodes + 256, mamba_host_slots=0, mamba_state_shape=(1,))
+    return HiRadixCache(CacheConfig(**kw), recorder=recorder)
+
+
+def kv_bytes(c: HiRadixCache) -> int:
+    return sum(p.buf.numel() * p.buf.element_size() for p in c.device_pools + c.host_pools)
+
+
+def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int:
+    """One scheduled request; returns the cache calls it made."""
+    clock = CLOCK
+    comps = c.ci
+    t0 = clock()
+    m = c.match_prefix(key, req_id=rid)
+    t1 = clock()
+    r = c.lock(m.last_device_node, owner=rid)
+    t2 = clock()
+    n = len(key) - m.device_prefix_len
+    calls = 5
+    short = n - c.available()
+    if short > 0:
+        c.evict(short)
+        calls += 1
+    if "swa" in comps and n - c.available("swa") > 0:
+        c.evict(n - c.available("swa"), component="swa")
+    if "mamba" in comps and c.available("mamba") < 1:
+        c.evict(1, component="mamba")
+    t3 = clock()
+    idx = c.alloc(n)
+    kw = {}
+    if "swa" in comps:
+        kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1, dtype=torch.int64),
+                                       c.alloc(n, component="swa")])
+    if "mamba" in comps:
+        kw["mamba_slot"] = c.alloc(1, component="mamba")
+    t4 = clock()
+    c.insert(key, torch.cat([m.device_indices, idx]), prev_prefix_len=m.device_prefix_len,
+             req_id=rid, **kw)
+    t5 = clock()
+    c.unlock(r)
+    t6 = clock()
+    if t is not None:
+        t["match"].append(t1 - t0)
+        t["lock"].append(t2 - t1)
+        if short > 0:
+            t["evict"].append(t3 - t2)
+        t["alloc"].append(t4 - t3)
+        t["insert"].append(t5 - t4)
+        t["unlock"].append(t6 - t5)
+        t["request"].append(t6 - t5 + t5 - t4 + t2 - t0)
+        t["hit"].append(m.device_prefix_len / max(1, len(key)))
+    return calls
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Run:
+    """One cache (baseline or full telemetry), filled to its resident size."""
+
+    def __init__(self, label: str, nodes: int, comps: tuple[str, ...], telemetry_on: bool,
+                 store_dir: str, freeze: bool) -> None:
+        self.label = label
+        self.tel = None
+        self.store = None
+        recorder = None
+        gc.collect()
+        rss0 = rss()
+        if telemetry_on:
+            import telemetry
+            self.store = os.path.join(store_dir, f"{label}.db")
+            self.tel = telemetry.setup(store=self.store, overwrite=True)
+            recorder = self.tel.recorder
+        self.c = make_cache(nodes, comps, recorder)
+        self.chat = Chat(active=max(16, nodes // 12))
+        t0 = time.perf_counter()
+        i = 0
+        c = self.c
+        self.ops = 0
+        while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
+            i += 1
+        for _ in range(max(200, nodes // 20)):  # settle into steady-state eviction
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
+            i += 1
+        self.fill_s = time.perf_counter() - t0
+        self.fill_requests = i
+        gc.collect()
+        resident = c.config.device_tokens - c.available()
+        self.mem_per_token = (rss() - rss0 - kv_bytes(c) - self.chat.nbytes()) / resident
+        self.resident = resident
+        if freeze:
+            gc.freeze()
+        self.batches: list[dict] = []
+        self.store_bytes = 0
+
+    def store_size(self) -> int:
+        if self.tel is None:
+            return 0
+        con = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True)
+        try:
+            return int(con.execute("PRAGMA page_count").fetchone()[0]) * \
+                int(con.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            con.close()
+
+    def batch(self, requests: int) -> None:
+        c = self.c
+        keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
+        t = {k: [] for k in (*OPS, "request", "hit")}
+        ops = 0
+        cpu0 = CLOCK()
+        for k, key in enumerate(keys):
+            ops += one_request(c, key, t, f"r{k}")
+        cpu = (CLOCK() - cpu0) / 1e9
+        self.ops += ops
+        t["cpu"] = cpu
+        t["n"] = requests
+        self.batches.append(t)
+
+    def close(self) -> float:
+        if self.tel is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.tel.close()
+        took = time.perf_counter() - t0
+        self.store_bytes = self.store_size()
+        return took
+
+    def summary(self) -> dict:
+        """Pooled over batches: medians / p99 per op; req/s from the best batch (least noise)."""
+        out: dict = {}
+        for op in (*OPS, "request"):
+            v = sorted(x for b in self.batches for x in b[op])
+            if v:
+                out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
+        best = min(self.batches, key=lambda b: b["cpu"] / b["n"])
+        out["req_s"] = best["n"] / best["cpu"]
+        timed = sum(sum(best[op]) for op in ("match", "insert", "evict")) / 1e9
+        out["ops_s"] = (2 * best["n"] + len(best["evict"])) / timed
+        out["hit"] = statistics.mean(x for b in self.batches for x in b["hit"])
+        out["nodes"] = len(self.c.tree.nodes) - 1
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="1k", choices=sorted(SCALES))
+    ap.add_argument("--requests", type=int, default=2000, help="requests per batch")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved batches per cache")
+    ap.add_argument("--components", default="full", help="e.g. full,swa or full,swa,mamba")
+    ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
+    ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
+    args = ap.parse_args()
+    nodes = SCALES[args.scale]
+    comps = tuple(args.components.split(","))
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as d:
+        runs = [Run("baseline", nodes, comps, False, d, args.freeze)]
+        if not args.no_telemetry:
+            runs.append(Run("telemetry", nodes, comps, True, d, args.freeze))
+        for _ in range(args.reps):
+            for r in runs:
+                r.batch(args.requests)
+        for r in runs:
+            r.c.check()
+        closes = [r.close() for r in runs]
+        sums = [r.summary() for r in runs]
+    print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
+          f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
+          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}")
+    for r, s, cl in zip(runs, sums, closes, strict=True):
+        ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}" for op in (*OPS, "request")
+                       if op in s)
+        print(f"  {r.label:>9}: nodes {s['nodes']}, resident tokens {r.resident}, hit "
+              f"{s['hit']:.3f}, fill {r.fill_requests} req in {r.fill_s:.1f} s")
+        print(f"             {ops}")
+        tail = max(s[op][1] / s[op][0] for op in (*OPS, "request") if op in s)
+        print(f"             req/s {s['req_s']:.0f}, ops/s {s['ops_s']:.0f}, worst p99/median "
+              f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV")
+        if r.tel is not None:
+            print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
+                  f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")
+    if len(sums) == 2:
+        b, t = sums
+        print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "
+              f"{t['ops_s'] / b['ops_s']:.3f}, request median "
+              f"{t['request'][0] / b['request'][0]:.3f}")
+    if "evict" in sums[0]:
+        print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
