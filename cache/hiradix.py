@@ -296,6 +296,11 @@ class HiRadixCache(CacheCore):
         indices = indices.to("cpu", torch.int64) if indices.dtype == torch.int32 else indices
         alloc = self.device_pools[ci].alloc
         pages = alloc.check_free(indices)
+        if self.cow_pending and ci == self.ci.get("mamba"):
+            busy = [s for s in indices.tolist() if s in self.cow_pending]
+            if busy:
+                raise ValueError(f"mamba slots {busy} are still being written by load-back "
+                                 f"{self.cow_pending[busy[0]]}: poll it before freeing")
         if any(map(alloc.tree_owned, pages)):
             bad = [q * alloc.page_size for q in pages if alloc.tree_owned(q)]
             raise ValueError(f"{alloc.name}: slots {bad[:8]} are owned by the tree, not held by "

@@ -67,6 +67,7 @@ class CacheCore(Recording):
         self.transfer_nodes: dict[int, list[int]] = {}
         # node id -> ids of the load-backs in flight whose copies write that node's device data
         self.loading: dict[int, tuple[int, ...]] = {}
+        self.cow_pending: dict[int, int] = {}  # request MAMBA slot -> load-back still writing it
         self._next_receipt = 1
         self._next_transfer = 1
         self._tick = 0

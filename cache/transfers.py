@@ -327,6 +327,8 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
     t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), core._cur_op,
                  (r1, r2), time.time_ns())
     _register(core, t)
+    if cow_slot is not None:
+        core.cow_pending[int(cow_slot[0])] = tid
     return _result(core, anchor, amounts, tid, cow_slot)
 
 
@@ -432,6 +434,8 @@ def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
     del core.transfers[t.transfer_id]
     covered = core.transfer_nodes.pop(t.transfer_id, ())
     if t.kind == "load_back":
+        for slot in [s for s, x in core.cow_pending.items() if x == t.transfer_id]:
+            del core.cow_pending[slot]
         loading = core.loading
         for nid in covered:
             left = tuple(x for x in loading.get(nid, ()) if x != t.transfer_id)

@@ -132,7 +132,12 @@ class Fuzzer:
 
     def free(self) -> None:
         if self.held:
-            comp, idx = self.held.pop(self.rng.randrange(len(self.held)))
+            i = self.rng.randrange(len(self.held))
+            comp, idx = self.held[i]
+            if comp == "mamba" and int(idx[0]) in self.c.cow_pending:
+                self._refused(lambda: self.c.free(idx, component=comp), "poll it before freeing")
+                return
+            self.held.pop(i)
             self.c.free(idx, component=comp)
 
     def evict(self) -> None:
