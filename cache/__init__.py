@@ -26,6 +26,7 @@ _EXPORTS = {
     "LockReceipt": "cache.results",
     "EvictResult": "cache.results",
     "LoadBackResult": "cache.results",
+    "TransferId": "cache.results",
 }
 
 __all__ = list(_EXPORTS)
@@ -35,7 +36,14 @@ if TYPE_CHECKING:
     from cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
     from cache.hiradix import HiRadixCache
     from cache.keys import TokenKey
-    from cache.results import EvictResult, InsertResult, LoadBackResult, LockReceipt, MatchResult
+    from cache.results import (
+        EvictResult,
+        InsertResult,
+        LoadBackResult,
+        LockReceipt,
+        MatchResult,
+        TransferId,
+    )
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

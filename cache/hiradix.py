@@ -14,12 +14,12 @@ import torch
 
 from cache import admission as _admission
 from cache import events as ev
-from cache import eviction, insertion, invariants, transfers
+from cache import eviction, guards, insertion, invariants, transfers
 from cache.config import CacheConfig
 from cache.errors import InvariantViolation
 from cache.events import Recorder
 from cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
-from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult
+from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult, TransferId
 from cache.snapshot import CacheSnapshot
 from cache.state import DEVICE, HOST, TIERS, CacheCore
 from cache.tree import Node
@@ -67,7 +67,10 @@ class HiRadixCache(CacheCore):
                      req_id: str | None = None) -> MatchResult:
         """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
 
-        Returns a frozen ``MatchResult`` (see its docstring for every field).
+        Returns a frozen ``MatchResult`` (see its docstring for every field). What it returns is
+        readable: a load-back still in flight over the returned device prefix is made visible
+        first (CPU: its pending copy runs now; CUDA: the current stream waits on its event); the
+        load-back is still acked by ``poll``.
         Mutates: splits the node where the match ends inside it (new node ids); recency and hit
         counts of ``best_match_node`` and its ancestors; with ``cow_mamba``, when no load-back is
         needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
@@ -125,6 +128,8 @@ class HiRadixCache(CacheCore):
         dev_nodes = path[:last_dev + 1]
         dev_len = sum(len(x.key) for x in dev_nodes)
         idx = torch.cat([x.data[0].value for x in dev_nodes]) if dev_nodes else _EMPTY
+        if self.loading:
+            transfers.make_ready(self, dev_nodes)  # readable on return, CoW source included
         best_node = path[best] if best >= 0 else tree.root
         up = path[:best + 1][::-1]
         hits = {c.name: c.host_hit_length(up) for c in self.comps}
@@ -139,7 +144,7 @@ class HiRadixCache(CacheCore):
             last_host_node=best_node.id, best_match_node=best_node.id,
             host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
             mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
-            extra_key=extra_key, mamba_slot=mamba_slot)
+            extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
 
     def _cow_mamba(self, node: Node) -> torch.Tensor | None:
         ci = self.ci["mamba"]
@@ -191,23 +196,23 @@ class HiRadixCache(CacheCore):
         if mamba_slot is not None:
             if "mamba" not in self.ci:
                 raise ValueError("mamba_slot given but the 'mamba' component is not configured")
-            mamba_slot = insertion.check_indices(self, mamba_slot, 1, "mamba_slot",
-                                                 self.ci["mamba"])
+            mamba_slot = insertion.check_indices(self, mamba_slot, 1, "mamba_slot", None)
         for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
                              f"(page_size={self.page_size})")
-        if swa is not None:
-            lo = min(max(swa_evicted_len, prev_prefix_len), len(tokens))
-            insertion.check_live(self, swa[lo:len(tokens)], self.ci["swa"], "swa_indices")
-        insertion.check_live(self, idx[prev_prefix_len:len(tokens)], 0, "device_indices")
+        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
+                                  prev_prefix_len, swa_evicted_len)
         n = len(tokens)
-        return self._run(ev.OP_INSERT, req_id, insertion.insert_walk, self, tokens, extra_key,
-                         idx[:n],
-                         None if swa is None else swa[:n], mamba_slot, prev_prefix_len,
-                         swa_evicted_len)
+        out = self._run(ev.OP_INSERT, req_id, insertion.insert_walk, self, tokens, extra_key,
+                        idx[:n], None if swa is None else swa[:n], mamba_slot,
+                        prev_prefix_len, swa_evicted_len)
+        if not out.backups:
+            return out
+        return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
+                                                      for t in out.backups))
 
     # ---- locks ----------------------------------------------------------------------------
     def lock(self, node: int, *, owner: str | None = None, req_id: str | None = None
@@ -296,13 +301,24 @@ class HiRadixCache(CacheCore):
 
     def free(self, indices: torch.Tensor, *, component: str = "full",
              req_id: str | None = None) -> int:
-        """Return request-private device slots (whole pages). A double free raises ValueError
-        naming the slots, before anything changes. Returns slots freed."""
+        """Return request-private device slots (whole pages). A double free, or slots a tree node
+        owns (only request-held slots may be freed), raises ValueError naming the slots, before
+        anything changes. Returns slots freed."""
         ci = self._ci_of(component)
         if not isinstance(indices, torch.Tensor):
             raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
         indices = indices.to("cpu", torch.int64) if indices.dtype == torch.int32 else indices
-        pages = self.device_pools[ci].alloc.check_free(indices)
+        alloc = self.device_pools[ci].alloc
+        pages = alloc.check_free(indices)
+        if self.cow_pending and ci == self.ci.get("mamba"):
+            busy = [s for s in indices.tolist() if s in self.cow_pending]
+            if busy:
+                raise ValueError(f"mamba slots {busy} are still being written by load-back "
+                                 f"{self.cow_pending[busy[0]]}: poll it before freeing")
+        if any(map(alloc.tree_owned, pages)):
+            bad = [q * alloc.page_size for q in pages if alloc.tree_owned(q)]
+            raise ValueError(f"{alloc.name}: slots {bad[:8]} are owned by the tree, not held by "
+                             "a request: free only what alloc (or a CoW) handed out")
         return self._run(ev.OP_FREE, req_id, self._free, ci, indices, pages)
 
     def _free(self, ci: int, indices, pages) -> int:
@@ -336,7 +352,8 @@ class HiRadixCache(CacheCore):
         n = self.node(node)
         if not self.config.has_host:
             raise ValueError("backup needs a host tier (host_tokens > 0)")
-        return self._run(ev.OP_BACKUP, req_id, transfers.backup, self, n)
+        tid = self._run(ev.OP_BACKUP, req_id, transfers.backup, self, n)
+        return None if tid is None else TransferId(tid, self.instance)
 
     def load_back(self, match: MatchResult, *, cow_mamba: bool = False,
                   req_id: str | None = None) -> LoadBackResult:
@@ -347,24 +364,26 @@ class HiRadixCache(CacheCore):
         nothing changed when the slots cannot be found."""
         if not isinstance(match, MatchResult):
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
+        guards.check_handle(self, match, "MatchResult")
         anchor = self.node(match.best_match_node)
         return self._run(ev.OP_LOAD_BACK, req_id, transfers.load_back, self, anchor,
                          bool(cow_mamba))
 
     def poll(self, transfer_ids=None, *, wait: bool = False) -> list[int]:
-        """Ack finished transfers (on CPU: run the queued copies now, in the given order).
-        Returns the acked transfer ids. Each ack is recorded as a ``transfer`` op linked to the
-        op that enqueued it."""
+        """Ack finished transfers (on CPU: run the queued copies now, in the given order; a
+        copy ``match_prefix`` already ran is not repeated). Returns the acked transfer ids. An id
+        given twice, unknown, already acked or from another cache raises ValueError naming it,
+        before anything is acked. Each ack is recorded as a ``transfer`` op linked to the op
+        that enqueued it."""
         if transfer_ids is not None:
-            transfer_ids = list(transfer_ids)
-            for t in transfer_ids:
-                if t not in self.transfers:
-                    raise ValueError(f"transfer {t!r} is not in flight")
-        return transfers.poll(self, transfer_ids, wait)
+            transfer_ids = guards.check_poll_ids(self, transfer_ids)
+        return [TransferId(t, self.instance) for t in transfers.poll(self, transfer_ids, wait)]
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see
         ``cache.admission.Admission``. ``fits`` is the decision. Read-only."""
+        if isinstance(match, MatchResult):
+            guards.check_handle(self, match, "MatchResult")
         return _admission.admission(self, match, extend_len, chunk_tokens)
 
     # ---- observation (no recency change, no records) ---------------------------------------

@@ -148,12 +148,39 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
     if core.h_leaves != h_leaves:
         v.append(("full.host_leaves", None, f"missing {sorted(h_leaves - core.h_leaves)[:8]}, "
                   f"extra {sorted(core.h_leaves - h_leaves)[:8]}"))
+    _check_transfers(core, v)
+    if v:
+        raise InvariantViolation(v)
+
+
+def _check_transfers(core, v: list) -> None:
+    """Every in-flight transfer holds its pins and can still be acked (the engine has it); every
+    pin held for a transfer belongs to such a transfer; load-back marks name live transfers."""
+    pending = core.engine.pending
     for tid, t in core.transfers.items():
         for rid in t.receipts:
             if rid not in core.locks:
                 v.append(("transfer.unpinned", t.anchor, f"transfer {tid} lost its lock {rid}"))
-    if v:
-        raise InvariantViolation(v)
+        if tid not in pending:
+            v.append(("transfer.unackable", t.anchor, f"transfer {tid} is in flight but not "
+                      "queued: no poll can ack it"))
+    for tid in pending:
+        if tid not in core.transfers:
+            v.append(("transfer.orphan_queued", None, f"transfer {tid} queued but not in flight"))
+    for rid, entry in core.locks.items():
+        owner = entry.owner
+        if not (isinstance(owner, str) and owner.startswith("transfer:")):
+            continue
+        tid = int(owner.split(":", 1)[1])
+        t = core.transfers.get(tid)
+        if t is None or tid not in pending or rid not in t.receipts:
+            v.append(("transfer.stranded_pin", entry.anchor, f"lock {rid} is held for transfer "
+                      f"{tid}, which can no longer be acked"))
+    for nid, tids in core.loading.items():
+        dead = [t for t in tids if t not in core.transfers]
+        if dead or nid not in core.tree.nodes:
+            v.append(("transfer.loading_mark", nid, f"marked as loading by transfers {list(tids)}"
+                      f"; not in flight: {dead}"))
 
 
 def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> None:
@@ -183,6 +210,13 @@ def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> N
             freed = [q * alloc.page_size for q in pages if not alloc.is_used(q)]
             if freed:
                 v.append((f"{comp.name}.{tn}.slot_freed", nid, f"holds freed slots {freed[:8]}"))
+    if tier == DEVICE:  # the tree-ownership marks (what free / insert trust) equal a recount
+        held = {s // alloc.page_size for _, val in values for s in val.tolist()}
+        marked = {q for q in range(alloc.num_pages) if alloc.tree_owned(q)}
+        if held != marked:
+            v.append((f"{comp.name}.{tn}.tree_marks", None,
+                      f"pages held by nodes but unmarked {sorted(held - marked)[:8]}, marked "
+                      f"but held by no node {sorted(marked - held)[:8]}"))
 
 
 def live_snapshot(core) -> CacheSnapshot:

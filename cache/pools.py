@@ -35,6 +35,7 @@ class SlotAllocator:
         self.num_pages = slots // page_size
         self._free = array("q", range(self.num_pages - 1, -1, -1))  # a stack: page 0 first
         self._used = bytearray(self.num_pages)
+        self._tree = bytearray(self.num_pages)  # 1: a tree node holds the page (device tier)
         self._offsets = torch.arange(page_size, dtype=torch.int64)
 
     @property
@@ -117,6 +118,44 @@ class SlotAllocator:
             bad = [q * self.page_size for q in pages if not used[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
                              "allocated)")
+
+    def mark_tree(self, indices: torch.Tensor, owned: bool) -> None:
+        """Record that a tree node took (``owned``) or dropped the whole-page ``indices``."""
+        p = self.page_size
+        firsts = indices if p == 1 else indices[::p]
+        flag, b = self._tree, 1 if owned else 0
+        for s in firsts.tolist():
+            flag[s // p] = b
+
+    def tree_owned(self, page: int) -> bool:
+        return bool(self._tree[page])
+
+    def check_request_held(self, indices: torch.Tensor, name: str) -> list[int]:
+        """Raise ValueError (nothing changed) unless ``indices`` are whole pages, each allocated,
+        held by a request (no tree node owns it) and named once. Returns the page ids."""
+        pages = self.pages_of(indices)
+        used, tree, p = self._used, self._tree, self.page_size
+        if not all(map(used.__getitem__, pages)):
+            bad = [q * p for q in pages if not used[q]]
+            raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
+                             "allocated)")
+        if any(map(tree.__getitem__, pages)):
+            bad = [q * p for q in pages if tree[q]]
+            raise ValueError(f"{name}: slots {bad[:8]} are owned by the tree, not held by the "
+                             "request")
+        if len(set(pages)) != len(pages):
+            seen: set[int] = set()
+            dup = [q * p for q in pages if q in seen or seen.add(q)]
+            raise ValueError(f"{name}: slots {dup[:8]} appear more than once")
+        return pages
+
+    def check_tree_owned(self, indices: torch.Tensor, name: str) -> None:
+        """Raise ValueError unless every slot of ``indices`` is owned by a tree node."""
+        pages = self.pages_of(indices)
+        tree = self._tree
+        if not all(map(tree.__getitem__, pages)):
+            bad = [q * self.page_size for q in pages if not tree[q]]
+            raise ValueError(f"{name}: slots {bad[:8]} are not held by the tree")
 
     def free(self, indices: torch.Tensor, checked_pages: list[int] | None = None) -> int:
         """Return whole pages to the pool. Returns the number of slots freed."""

@@ -7,6 +7,24 @@ from dataclasses import dataclass, field
 import torch
 
 
+class TransferId(int):
+    """A transfer id: an ``int`` (journal, spans and snapshots see the number) that also carries
+    the issuing cache's ``instance``, so ``poll`` of another cache rejects it. Immutable."""
+
+    cache_instance: int
+
+    def __new__(cls, value: int, cache_instance: int = 0) -> TransferId:
+        obj = super().__new__(cls, value)
+        object.__setattr__(obj, "cache_instance", cache_instance)
+        return obj
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"TransferId is immutable (set {name!r})")
+
+    def __reduce__(self) -> tuple:
+        return (TransferId, (int(self), self.cache_instance))
+
+
 @dataclass(frozen=True)
 class MatchResult:
     """What ``match_prefix`` found.
@@ -26,6 +44,11 @@ class MatchResult:
         matched_len: tokens matched on any tier ignoring auxiliary components (FULL only).
         key_len: page-aligned length of the key that was matched.
         mamba_slot: request-owned MAMBA slot holding a copy of the state (``cow_mamba``).
+        cache_instance: the issuing cache's ``instance``; another cache rejects the handle.
+
+    Readable on return: every slot it names (device indices, the nodes up to
+    ``last_device_node``, ``mamba_slot``) holds its data for the caller's stream, even where a
+    load-back brought it (see cache/README.md, "Concurrency contract").
     """
 
     device_indices: torch.Tensor
@@ -40,6 +63,7 @@ class MatchResult:
     key_len: int = 0
     extra_key: object = None
     mamba_slot: torch.Tensor | None = None
+    cache_instance: int = 0
 
     @property
     def needs_load_back(self) -> bool:
@@ -64,7 +88,7 @@ class InsertResult:
     key_len: int
     new_tokens: int
     mamba_exist: bool = False
-    backups: tuple[int, ...] = ()
+    backups: tuple[TransferId, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,8 +128,9 @@ class LoadBackResult:
     device_indices: torch.Tensor   # FULL device indices of the whole prefix up to the anchor
     device_prefix_len: int
     loaded: tuple[tuple[str, int], ...]  # per component, slots loaded
-    transfer_id: int | None
+    transfer_id: TransferId | None
     mamba_slot: torch.Tensor | None = None
+    cache_instance: int = 0
 
     def loaded_of(self, component: str) -> int:
         return dict(self.loaded).get(component, 0)

@@ -66,6 +66,9 @@ class CacheCore(Recording):
         self.locks: dict[int, LockEntry] = {}
         self.transfers: dict = {}          # transfer id -> Transfer (in flight)
         self.transfer_nodes: dict[int, list[int]] = {}
+        # node id -> ids of the load-backs in flight whose copies write that node's device data
+        self.loading: dict[int, tuple[int, ...]] = {}
+        self.cow_pending: dict[int, int] = {}  # request MAMBA slot -> load-back still writing it
         self._next_receipt = 1
         self._next_transfer = 1
         self._tick = 0
@@ -134,6 +137,11 @@ class CacheCore(Recording):
         if value is not None:
             led[tier] += comp.size(value)
         if tier == DEVICE:
+            alloc = self.device_pools[ci].alloc
+            if old is not None:
+                alloc.mark_tree(old, False)
+            if value is not None:
+                alloc.mark_tree(value, True)
             d.value = value
             if ci == 0 and (old is None) != (value is None) and node.parent is not None:
                 node.parent.device_children += 1 if value is not None else -1
@@ -318,6 +326,8 @@ class CacheCore(Recording):
         for ids in self.transfer_nodes.values():
             if child.id in ids:
                 ids.insert(ids.index(child.id) + 1, new.id)
+        if child.id in self.loading:
+            self.loading[new.id] = self.loading[child.id]
         for comp in self.comps:
             if comp.uses_lru:
                 self._lru_place(new, comp.index)

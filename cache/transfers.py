@@ -20,9 +20,24 @@ import torch
 from cache import events as ev
 from cache import eviction
 from cache.errors import StaleHandle
-from cache.results import LoadBackResult, PoolCopy, Transfer
+from cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
 from cache.state import DEVICE, HOST, CacheCore
 from cache.tree import Node
+
+
+class _Pending:
+    """A submitted transfer not yet acked: its CUDA event (None on CPU), staging buffers, and
+    whether its copies have run (CPU: at ``poll``, or earlier when a reader needed them)."""
+
+    __slots__ = ("transfer", "event", "started", "nbytes", "staging", "ran")
+
+    def __init__(self, transfer: Transfer, event, started: int, nbytes: int, staging) -> None:
+        self.transfer = transfer
+        self.event = event
+        self.started = started
+        self.nbytes = nbytes
+        self.staging = staging
+        self.ran = False
 
 
 class TransferEngine:
@@ -31,12 +46,11 @@ class TransferEngine:
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        # transfer id -> (transfer, event or None, started_ns, bytes, staging)
-        self.pending: OrderedDict[int, tuple] = OrderedDict()
+        self.pending: OrderedDict[int, _Pending] = OrderedDict()
 
     def submit(self, core: CacheCore, t: Transfer) -> None:
         if not self.cuda:
-            self.pending[t.transfer_id] = (t, None, 0, 0, None)
+            self.pending[t.transfer_id] = _Pending(t, None, 0, 0, None)
             return
         started = time.time_ns()
         self.stream.wait_stream(torch.cuda.current_stream())
@@ -48,11 +62,16 @@ class TransferEngine:
                 dst = core.pool(core.ci[c.component], _tier(c.dst_tier))
                 dim = 2 if src.buf.dim() == 5 else 0
                 nbytes += c.src.numel() * src.bytes_per_slot
-                if c.src_tier == ev.TIER_DEVICE:  # gather on device, land in pinned staging
+                if c.src_tier == ev.TIER_DEVICE and c.dst_tier == ev.TIER_HOST:
+                    # gather on device, land in pinned staging
                     data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
                     host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
                     host.copy_(data, non_blocking=True)
                     staging.append((dst, dim, c.dst, host))
+                elif c.src_tier == ev.TIER_DEVICE:  # device -> device (a CoW state copy)
+                    data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
+                    dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), data)
+                    staging.append((None, dim, None, data))
                 else:  # gather on host into pinned memory, scatter on device
                     data = src.buf.index_select(dim, c.src).pin_memory()
                     dev = data.to(dst.buf.device, non_blocking=True)
@@ -60,27 +79,56 @@ class TransferEngine:
                     staging.append((None, dim, None, data))
         event = torch.cuda.Event()
         event.record(self.stream)
-        self.pending[t.transfer_id] = (t, event, started, nbytes, staging)
+        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, staging)
+
+    def make_ready(self, core: CacheCore, tid: int) -> None:
+        """Make transfer ``tid``'s device writes visible to work the caller issues next, without
+        acking it. CPU: run its copies now (once). CUDA: the caller's current stream waits on
+        the transfer's event (no host sync)."""
+        p = self.pending[tid]
+        if p.event is None:
+            if not p.ran:
+                p.started = time.time_ns()
+                p.nbytes = _run_cpu(core, p.transfer)
+                p.ran = True
+        else:
+            torch.cuda.current_stream().wait_event(p.event)
 
     def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
         """Finished transfers as (transfer, started_ns, bytes), removed from pending."""
         order = list(self.pending) if ids is None else ids
         done = []
         for tid in order:
-            t, event, started, nbytes, staging = self.pending[tid]
-            if event is None:
-                started = time.time_ns()
-                nbytes = _run_cpu(core, t)
+            p = self.pending[tid]
+            if p.event is None:
+                if not p.ran:
+                    p.started = time.time_ns()
+                    p.nbytes = _run_cpu(core, p.transfer)
             else:
-                if not wait and not event.query():
+                if not wait and not p.event.query():
                     continue
-                event.synchronize()
-                for dst, dim, idx, host in staging:
+                p.event.synchronize()
+                for dst, dim, idx, host in p.staging:
                     if dst is not None:
                         dst.buf.index_copy_(dim, idx, host)
             del self.pending[tid]
-            done.append((t, started, nbytes))
+            done.append((p.transfer, p.started, p.nbytes))
         return done
+
+
+def make_ready(core: CacheCore, nodes) -> None:
+    """Make every in-flight load-back writing device data of ``nodes`` readable (see
+    ``TransferEngine.make_ready``). O(len(nodes)); nothing to do when no load-back is in flight."""
+    loading = core.loading
+    if not loading:
+        return
+    tids: set[int] = set()
+    for n in nodes:
+        got = loading.get(n.id)
+        if got:
+            tids.update(got)
+    for tid in sorted(tids):
+        core.engine.make_ready(core, tid)
 
 
 def _tier(name: str) -> int:
@@ -101,6 +149,10 @@ def _run_cpu(core: CacheCore, t: Transfer) -> int:
 def _register(core: CacheCore, t: Transfer) -> None:
     core.transfers[t.transfer_id] = t
     core.transfer_nodes[t.transfer_id] = list(t.node_ids)
+    if t.kind == "load_back":
+        loading = core.loading
+        for nid in t.node_ids:
+            loading[nid] = loading.get(nid, ()) + (t.transfer_id,)
     core._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
             (t.transfer_id, t.kind, t.node_ids, t.amounts()))
     core.engine.submit(core, t)
@@ -268,6 +320,8 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
                                torch.cat(srcs), dst.clone()))
     if cow_slot is not None:
         state = anchor.data[mi]
+        if mi not in slots:  # copying the device state: an earlier load-back may still write it
+            make_ready(core, [anchor])
         src = state.host_value if mi in slots else state.value
         copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
                                ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
@@ -277,6 +331,8 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
     t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), core._cur_op,
                  (r1, r2), time.time_ns())
     _register(core, t)
+    if cow_slot is not None:
+        core.cow_pending[int(cow_slot[0])] = tid
     return _result(core, anchor, amounts, tid, cow_slot)
 
 
@@ -345,6 +401,7 @@ def _alloc_all(core: CacheCore, amounts: dict[int, int], cow_ci) -> dict[int, to
 def _cow_now(core: CacheCore, anchor: Node, mi: int) -> torch.Tensor | None:
     if anchor.data[mi].value is None:
         return None
+    make_ready(core, [anchor])  # the state may come from a load-back still in flight
     return core._cow_mamba(anchor)
 
 
@@ -360,7 +417,9 @@ def _result(core: CacheCore, anchor: Node, amounts: dict[int, int], tid, cow_slo
         vals = vals[:k]
     idx = torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
     loaded = tuple((c.name, amounts.get(c.index, 0)) for c in core.comps)
-    return LoadBackResult(anchor.id, idx, idx.numel(), loaded, tid, cow_slot)
+    return LoadBackResult(anchor.id, idx, idx.numel(), loaded,
+                          None if tid is None else TransferId(tid, core.instance), cow_slot,
+                          core.instance)
 
 
 # ---- completion ----------------------------------------------------------------------------------
@@ -377,7 +436,17 @@ def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
     for rid in t.receipts:
         core.release(core.locks[rid])
     del core.transfers[t.transfer_id]
-    core.transfer_nodes.pop(t.transfer_id, None)
+    covered = core.transfer_nodes.pop(t.transfer_id, ())
+    if t.kind == "load_back":
+        for slot in [s for s, x in core.cow_pending.items() if x == t.transfer_id]:
+            del core.cow_pending[slot]
+        loading = core.loading
+        for nid in covered:
+            left = tuple(x for x in loading.get(nid, ()) if x != t.transfer_id)
+            if left:
+                loading[nid] = left
+            else:
+                loading.pop(nid, None)
     core._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
     attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
              ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
@@ -386,4 +455,5 @@ def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
     core.end_transfer(tok, attrs, started or t.created_ns)
 
 
-__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back", "poll"]
+__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back",
+           "make_ready", "poll"]

@@ -1,7 +1,16 @@
-"""Random operation sequences with ``check()`` after every step, content verified after every
-load-back, and the journal replayed onto the first snapshot equal to the live snapshot."""
+"""Random operation sequences with ``check()`` after every step, content verified for every
+slot a match returns (load-backs left in flight, polled later in any order, duplicates refused),
+and the journal replayed onto the first snapshot equal to the live snapshot.
+
+Two profiles (see README.md, "Testing"): CI (seeded, this file under a minute on one core) and
+long (``RADIXSCOPE_FUZZ=long``: random seeds, ``RADIXSCOPE_FUZZ_OPS`` operations in all, the
+configs split across processes with ``RADIXSCOPE_FUZZ_SHARD=i/n``)."""
 
 from __future__ import annotations
+
+import os
+import random
+import time
 
 import pytest
 import torch
@@ -13,6 +22,7 @@ from cache import CacheOutOfMemory, HiRadixCache
 from cache.events import FlightRecorder
 from cache.snapshot import replay
 from tests.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.fuzzkit import FuzzStats, fuzz
 
 KEYS = st.lists(st.integers(0, 3), min_size=0, max_size=12)
 POLICIES = ["write_through", "write_through_selective", "write_back"]
@@ -61,7 +71,9 @@ def machine_for(components, page_size: int, policy: str):
 
         @rule(key=KEYS)
         def match(self, key):
-            self.c.match_prefix(self.k(key))
+            key = self.k(key)
+            m = self.c.match_prefix(key)  # readable now, load-backs in flight or not
+            self.d.verify_device_prefix(key, m.last_device_node)
 
         @rule(key=KEYS, best=st.booleans())
         def lock(self, key, best):
@@ -93,7 +105,15 @@ def machine_for(components, page_size: int, policy: str):
         @precondition(lambda self: self.held)
         @rule(data=st.data())
         def free(self, data):
-            comp, idx = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+            i = data.draw(st.integers(0, len(self.held) - 1))
+            comp, idx = self.held[i]
+            if comp == "mamba" and any(int(s) in self.c.cow_pending for s in idx.tolist()):
+                before = self.c.snapshot()  # a load-back still writes this CoW slot: refused
+                with pytest.raises(ValueError, match="still being written by load-back"):
+                    self.c.free(idx, component=comp)
+                assert self.c.snapshot() == before
+                return
+            del self.held[i]
             self.c.free(idx, component=comp)
 
         @rule(n=st.integers(0, 12), comp=st.sampled_from(components))
@@ -120,9 +140,10 @@ def machine_for(components, page_size: int, policy: str):
                 lb = self.c.load_back(m, cow_mamba=cow)
             except CacheOutOfMemory:
                 return
-            self._poll_all(data)
-            n = self.d.verify_device_prefix(list(key), lb.anchor)
-            assert n == self.c.node_prefix_len(lb.anchor)
+            if data.draw(st.booleans()):  # else left in flight for a later poll / match
+                self._poll_all(data)
+                n = self.d.verify_device_prefix(list(key), lb.anchor)
+                assert n == self.c.node_prefix_len(lb.anchor)
             if lb.mamba_slot is not None:
                 self.held.append(("mamba", lb.mamba_slot))
 
@@ -135,8 +156,14 @@ def machine_for(components, page_size: int, policy: str):
         def poll_some(self, data):
             ids = list(self.c.transfers)
             if ids:
-                subset = data.draw(st.lists(st.sampled_from(ids), unique=True))
-                self.c.poll(subset)
+                subset = data.draw(st.lists(st.sampled_from(ids)))
+                if len(set(subset)) == len(subset):
+                    self.c.poll(subset)
+                    return
+                before = self.c.snapshot()
+                with pytest.raises(ValueError, match="appears more than once"):
+                    self.c.poll(subset)
+                assert self.c.snapshot() == before
 
         @rule()
         def remember_snapshot(self):
@@ -165,3 +192,53 @@ def test_random_operation_sequences(components, page_size, policy):
         max_examples=10, stateful_step_count=40, deadline=None, derandomize=True,
         suppress_health_check=list(HealthCheck))
     machine.TestCase().runTest()
+
+
+CI_OPS = 500
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_fuzz_ci_profile(components, page_size, policy):
+    """Seeded: the same operations on every run."""
+    stats = fuzz(components, page_size, policy, seed=12, ops=CI_OPS)
+    assert (stats.violations, stats.mismatches) == (0, 0), stats.first_failure
+    assert stats.ops == CI_OPS
+
+
+CONFIGS = [(c, p, pol) for c in COMBOS for p in (1, 4) for pol in POLICIES]
+
+
+def _shard() -> list:
+    i, n = (int(x) for x in os.environ.get("RADIXSCOPE_FUZZ_SHARD", "0/1").split("/"))
+    return CONFIGS[i::n]
+
+
+@pytest.mark.skipif(os.environ.get("RADIXSCOPE_FUZZ") != "long",
+                    reason="long fuzz profile: RADIXSCOPE_FUZZ=long")
+def test_fuzz_long_profile(capsys):
+    """Random seeds, round-robin over this shard's configs, until RADIXSCOPE_FUZZ_OPS ops."""
+    budget = int(os.environ.get("RADIXSCOPE_FUZZ_OPS", "1000000"))
+    chunk = int(os.environ.get("RADIXSCOPE_FUZZ_CHUNK", "2000"))
+    configs = _shard()
+    total, runs, seen = FuzzStats(), 0, set()
+    rng = random.Random()
+    t0 = time.time()
+    while total.ops < budget:
+        comps, page, pol = configs[runs % len(configs)]
+        seed = rng.randrange(2**32)
+        st_ = fuzz(comps, page, pol, seed, min(chunk, budget - total.ops))
+        if st_.first_failure and not total.first_failure:
+            st_.first_failure = f"{'+'.join(comps)} p{page} {pol} seed {seed}: " \
+                                f"{st_.first_failure}"
+        total.add(st_)
+        seen.add((comps, page, pol))
+        runs += 1
+    dt = time.time() - t0
+    with capsys.disabled():
+        print(f"\nfuzz long: ops={total.ops} configs={len(seen)} runs={runs} "
+              f"violations={total.violations} content_mismatches={total.mismatches} "
+              f"positions_verified={total.positions} refused_bad_calls={total.rejected} "
+              f"seconds={dt:.1f} ops_per_s={total.ops / dt:.0f}")
+    assert (total.violations, total.mismatches) == (0, 0), total.first_failure

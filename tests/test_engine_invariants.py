@@ -15,10 +15,15 @@ SPEC = dict(workload="fewshot", preset="full", requests=20, check_invariants=Tru
 
 
 def free_a_tree_slot(engine):
-    """An engine bug: at step 30, free a slot the tree owns (a running request's prefix)."""
-    if engine.step_no == 30:
-        seq = next(s for s in engine.running if s.cached_len > 0)
-        engine.cache.free(seq.full[:1], component="full", req_id=seq.rid)
+    """An engine bug: at step 30, free a slot the tree owns (an unlocked cached node's). The
+    cache's ``free`` refuses tree slots, so the buggy engine reaches past it to the pool."""
+    c = engine.cache
+    if engine.step_no >= 30 and c.d_leaves and not getattr(engine, "_faulted", False):
+        engine._faulted = True
+        node = c.node(min(c.d_leaves))
+        slot = node.data[0].value[:1]
+        c.device_pools[0].alloc.free(slot)
+        c.device_pools[0].alloc.mark_tree(slot, False)
 
 
 def bump_a_lock_ref(engine):
@@ -33,13 +38,14 @@ def test_the_operation_that_broke_it_is_named():
     assert r.error_kind == "invariant" and not r.ok
     v = r.violation
     assert (v["invariant"], v["node"], v["op"], v["call"], v["req_id"], v["step"]) == \
-        ("full.device.slot_freed", 1, "free", "free", "fewshot-1", 30)
-    assert v["message"] == (
-        "step 30: invariant full.device.slot_freed broken at node 1, first seen right after "
-        "op #94 free (request fewshot-1): holds freed slots [0]")
-    assert r.engine.step_no == 31  # the run stopped at the first check that failed
+        ("full.device.conservation", None, "match", "match_prefix", "fewshot-3", 32)
+    assert ["full.device.slot_freed", 9, "holds freed slots [341]"] in v["violations"]
+    assert v["message"].startswith(
+        "step 32: invariant full.device.conservation broken (pool-wide), first seen right after "
+        "op #99 match (request fewshot-3): free 13 + evictable 371")
+    assert r.engine.step_no == 32  # the run stopped at the first check that failed
     text = format_summary(summarize(r))
-    assert "  invariants   VIOLATED: step 30: invariant full.device.slot_freed" in text
+    assert "  invariants   VIOLATED: step 32: invariant full.device.conservation" in text
 
 
 def test_the_node_is_named_and_the_violation_is_stored(tmp_path):
