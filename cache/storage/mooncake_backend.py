@@ -10,8 +10,8 @@ exits), or a standalone ``mooncake_client`` process owns them and this client mo
   between two writers of one page is harmless: same bytes).
 - ``_get``: ``get_batch`` (an absent key comes back empty -> miss).
 - ``_exists``: ``batch_is_exist`` (1 present, 0 absent, < 0 error).
-- ``_delete``: ``remove`` per key. Mooncake holds a read lease (``--default_kv_lease_ttl``,
-  10 s by default) during which ``remove`` fails with -706: reported as ``ERROR``.
+- ``_delete``: ``batch_remove``. Mooncake holds a read lease (``--default_kv_lease_ttl``,
+  10 s by default) during which a remove fails with -706: reported as ``BUSY``.
 - ``_clear``: ``remove_by_regex`` over the prefix, forced past leases.
 - The memory cap is the segments' size; the master evicts (its high watermark) when full.
 
@@ -26,6 +26,9 @@ from typing import Any
 
 from cache.storage.base import MAX_BATCH, StorageBackend
 from cache.storage.results import PageStatus
+
+LEASE_HELD = -706  # remove() while a reader's lease is held
+NOT_FOUND = -704
 
 
 class MooncakeError(RuntimeError):
@@ -93,21 +96,27 @@ class MooncakeBackend(StorageBackend):
         if todo:
             rc = self._store.put_batch([self.prefix + keys[i] for i in todo],
                                        [blobs[i] for i in todo])
-            if rc != 0:
-                raise MooncakeError(f"put_batch returned {rc}")
-            for i in todo:
-                out[i] = PageStatus.OK
+            if rc == 0:
+                for i in todo:
+                    out[i] = PageStatus.OK
+                return out
+            # a concurrent writer of the same page fails the whole batch: what is there now
+            # exists; the rest is put one by one
+            now = self._present([keys[i] for i in todo])
+            for i, c in zip(todo, now, strict=True):
+                if c == 1:
+                    continue
+                rc = self._store.put(self.prefix + keys[i], blobs[i])
+                out[i] = PageStatus.OK if rc == 0 else PageStatus.ERROR
         return out
 
     def _delete(self, keys: list[str]) -> list[PageStatus]:
-        present = self._present(keys)
-        out = []
-        for k, c in zip(self._k(keys), present, strict=False):
-            if c != 1:
-                out.append(PageStatus.MISS)
-                continue
-            out.append(PageStatus.OK if self._store.remove(k) == 0 else PageStatus.ERROR)
-        return out
+        # no existence check first: batch_is_exist would renew the very lease that blocks removal
+        codes = list(self._store.batch_remove(self._k(keys)))
+        if len(codes) != len(keys):
+            raise MooncakeError(f"batch_remove returned {len(codes)} codes for {len(keys)} keys")
+        return [PageStatus.OK if rc == 0 else PageStatus.MISS if rc == NOT_FOUND
+                else PageStatus.BUSY if rc == LEASE_HELD else PageStatus.ERROR for rc in codes]
 
     def _discard(self, keys: list[str]) -> None:
         self._delete(keys)

@@ -21,6 +21,7 @@ class PageStatus(str, enum.Enum):
     MISS = "miss"              # get/delete: not in the store
     CORRUPT = "corrupt"        # get: short, torn, wrong header or checksum -> treated as a miss
     MISMATCH = "mismatch"      # get: header names another key/fingerprint -> treated as a miss
+    BUSY = "busy"              # delete: held by a reader's lease (Mooncake); retry later
     FULL = "full"              # set: no room (page larger than the cap, or eviction failed)
     TIMEOUT = "timeout"        # the backend did not answer in time
     ERROR = "error"            # the backend failed (connection refused, I/O error...)
