@@ -17,6 +17,7 @@ import torch
 
 from cache.storage import Fingerprint, HostPages, page_hashes
 
+ROOT_DIR = str(Path(__file__).resolve().parents[1])
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 PAGE = 4
 SHAPE = (2, 3, 8)  # layers, heads, head_dim: [layers, 2, slots, heads, head_dim]

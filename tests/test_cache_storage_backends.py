@@ -18,9 +18,7 @@ from tests.storagekit import (
     fingerprint,
     keys_for,
     kv_host,
-    mooncake_cluster,  # noqa: F401 -- fixture
     page,
-    redis_server,  # noqa: F401 -- fixture
     slots,
 )
 

@@ -117,7 +117,7 @@ class FaultyBackend(StorageBackend):
     def _put(self, keys: list[str], blobs: list[bytes]) -> list[PageStatus]:
         self._enter()
         with self._lock:
-            cuts = [self._rng.randrange(len(b)) if self._draw(self.torn_rate) else -1
+            cuts = [self._rng.randrange(1, len(b)) if self._draw(self.torn_rate) else -1
                     for b in blobs]
             for c in cuts:
                 if c >= 0:
