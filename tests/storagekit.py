@@ -1,9 +1,16 @@
 """Storage test kit: real ``redis-server`` and Mooncake processes on 127.0.0.1, free ports,
-stopped by the fixture that started them; KV host buffers and fingerprints."""
+stopped by the fixture that started them; KV host buffers and fingerprints.
+
+Mooncake listens on every interface whatever its host flags say (``MC_TCP_BIND_ADDRESS`` only
+changes the address it advertises), so ``mooncake_cluster`` runs only inside a private network
+namespace holding nothing but ``lo`` (``NETNS_ENV=1``, set by
+``test_cache_storage_mooncake_netns.py``, which starts that namespace)."""
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +26,10 @@ from cache.storage import Fingerprint, HostPages, page_hashes
 
 ROOT_DIR = str(Path(__file__).resolve().parents[1])
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
+NETNS_ENV = "RADIXSCOPE_NETNS_ONLY_LO"  # "1": this process runs in a loopback-only net namespace
+NETNS_TEST = ("tests/test_cache_storage_mooncake_netns.py::"
+              "test_mooncake_backend_in_a_private_network_namespace")
+MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}  # advertise (and dial) loopback only
 PAGE = 4
 SHAPE = (2, 3, 8)  # layers, heads, head_dim: [layers, 2, slots, heads, head_dim]
 
@@ -139,19 +150,20 @@ class MooncakeCluster:
 
     def start(self) -> None:
         master_log = open(self.dir / "master.log", "wb")  # noqa: SIM115 -- closed with the process
+        env = {**os.environ, **MOONCAKE_ENV}
         self.procs.append(subprocess.Popen(
             ["mooncake_master", "--rpc_address=127.0.0.1", f"--rpc_port={self.rpc}",
              "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics}",
              "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
              f"--http_metadata_server_port={self.http}", "--default_kv_lease_ttl=50"],
-            stdout=master_log, stderr=subprocess.STDOUT))
+            stdout=master_log, stderr=subprocess.STDOUT, env=env))
         self._wait(lambda: self._http_ok(f"http://127.0.0.1:{self.metrics}/metrics"), "master")
         log = self.dir / "client.log"
         self.procs.append(subprocess.Popen(
             ["mooncake_client", "--host=127.0.0.1", f"--port={self.client}", "--protocol=tcp",
              f"--master_server_address={self.master}", f"--metadata_server={self.metadata}",
              f"--global_segment_size={self.segment}"],
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env))  # noqa: SIM115
         self._wait(lambda: b"Starting real client service" in log.read_bytes(), "client")
 
     def _wait(self, ready, what: str) -> None:
@@ -199,14 +211,70 @@ def mooncake_missing() -> str | None:
     return None
 
 
+def net_interfaces() -> list[str]:
+    """The interfaces of this process's network namespace (``/proc/self/net/dev``; unlike
+    ``/sys/class/net`` it follows the reader's namespace)."""
+    lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
+    return sorted(line.split(":", 1)[0].strip() for line in lines)
+
+
+def _proc_addr(field: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    raw = bytes.fromhex(field.split(":")[0])
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw[::-1])
+    return ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+
+
+def tcp_sockets() -> list[tuple[str, str, str]]:
+    """Every TCP socket of this network namespace as (state hex, local ip, remote ip), from
+    ``/proc/self/net/tcp`` and ``tcp6`` (state ``0A``: listening)."""
+    out = []
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/self/net/{name}").read_text().splitlines()[1:]:
+            f = line.split()
+            out.append((f[3], str(_proc_addr(f[1])), str(_proc_addr(f[2]))))
+    return out
+
+
+def loopback_or_wildcard(addr: str) -> bool:
+    """127/8, ::1 (also as ::ffff:127.x) or 0.0.0.0 / :: (which reaches only ``lo`` where
+    ``lo`` is the only interface)."""
+    ip = ipaddress.ip_address(addr)
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
+
+
+def non_loopback_sockets() -> list[tuple[str, str, str]]:
+    """Sockets bound to or talking to an address that is neither loopback nor the wildcard."""
+    return [s for s in tcp_sockets()
+            if not (loopback_or_wildcard(s[1]) and loopback_or_wildcard(s[2]))]
+
+
+def _assert_loopback_only(cluster_dir: Path) -> None:
+    assert net_interfaces() == ["lo"], f"interfaces here: {net_interfaces()}"
+    bad = non_loopback_sockets()
+    assert bad == [], f"non-loopback sockets (logs in {cluster_dir}): {bad}"
+
+
 @pytest.fixture(scope="module")
 def mooncake_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeCluster]:
+    """Master + standalone client, only inside a loopback-only network namespace (checked: the
+    namespace has just ``lo``, and no TCP socket has a non-loopback address before, during or
+    after the tests)."""
     why = mooncake_missing()
     if why:
         pytest.skip(why)
+    if os.environ.get(NETNS_ENV) != "1":
+        pytest.skip(f"runs only inside a loopback-only network namespace; see {NETNS_TEST}")
     cluster = MooncakeCluster(tmp_path_factory.mktemp("mooncake"))
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    _assert_loopback_only(cluster.dir)
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in MOONCAKE_ENV.items():  # the in-process store reads it at setup()
+            mp.setenv(k, v)
+        cluster.start()
+        try:
+            _assert_loopback_only(cluster.dir)
+            yield cluster
+            _assert_loopback_only(cluster.dir)
+        finally:
+            cluster.stop()
