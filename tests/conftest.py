@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.storagekit import mooncake_cluster, redis_server  # noqa: F401 -- shared fixtures
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
