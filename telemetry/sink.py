@@ -39,6 +39,8 @@ class Sink:
         sample_every_ms: cache time between pool samples in the store.
         flush_hook: called by ``flush`` (e.g. force-flushing providers).
         resource: attributes of the resource the cache's spans carry (stored in ``info``).
+        taps: further sinks fed the replica's changes (``attach(info, journal)``,
+            ``mutations(accepted, journal)``, ``flush()``, ``close()``): the KV-event publisher.
     """
 
     def __init__(self, health: Health, store: StoreWriter | None,
@@ -47,7 +49,7 @@ class Sink:
                  span_processors: Sequence[Any] = (), keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0,
                  flush_hook: Callable[[], None] | None = None,
-                 resource: dict | None = None) -> None:
+                 resource: dict | None = None, taps: Sequence[Any] = ()) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
         self.health = health
@@ -69,6 +71,7 @@ class Sink:
         self._last_end_ns = 0
         self._final: dict = {}
         self._resource = dict(resource or {})
+        self.taps = list(taps)
 
     def put_span(self, span: Any) -> None:
         """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
@@ -123,6 +126,9 @@ class Sink:
             self.store.set_info("resource", self._resource)
             self.store.write_keyframe(snap.seq, snapshot)
             self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.attach(info, self.journal)
 
     def _ops(self, ops: list[CompactOp], muts: list[tuple]) -> None:
         j = self.journal
@@ -130,6 +136,10 @@ class Sink:
         self.ops_seen += len(ops)
         if ops:
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
+        if j is not None:
+            for tap in self.taps:
+                with self.health.guard(f"tap.{type(tap).__name__}"):
+                    tap.mutations(accepted, j)
         ids = [self._span(op) for op in ops] if self.spans is not None else [NO_IDS] * len(ops)
         if self.metrics is not None:
             with self.health.guard("metrics"):
@@ -196,6 +206,9 @@ class Sink:
             with self.health.guard("flush_hook"):
                 self._flush_hook()
         self._drain_spans()
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.flush()
         if self.store is not None:
             with self.health.guard("store.flush"):
                 j = self.journal
@@ -215,6 +228,9 @@ class Sink:
             return self._final
         self._final = self.flush()
         self.closed = True
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.close()
         if self.store is not None:
             with self.health.guard("store.close"):
                 self.store.close()
