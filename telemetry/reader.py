@@ -221,6 +221,12 @@ class StoreReader:
             rows = _journal_rows(con, start_seq, end_seq)
         return [_decode_mutation(r) for r in rows]
 
+    def blocks(self, seq: int | None = None) -> pd.DataFrame:
+        """KV blocks resident at ``seq`` (default: the end): ``medium, group, hash,
+        parent_hash, token_ids, stored_seq`` (see ``telemetry/kvevents/frame.py``)."""
+        from telemetry.kvevents.frame import blocks_frame
+        return blocks_frame(self, seq)
+
     def state_at(self, seq: int) -> CacheSnapshot:
         """The cache as it was right after mutation ``seq``: the nearest keyframe at or before
         ``seq`` plus a replay of the mutations after it.
