@@ -112,15 +112,16 @@ def test_round_trip_our_cache_to_watcher(tmp_path, monkeypatch, components) -> N
         sizes.update(swa_device_tokens=384, swa_host_tokens=2048)
     spec = RunSpec(workload="chat", requests=40, seed=3, components=components, sizes=sizes,
                    store=str(tmp_path / "own.db"), telemetry_mode="inline")
-    result = execute(spec, on_step=flush_every(monkeypatch, 4))
+    result = execute(spec, on_step=flush_every(monkeypatch, 2))
     assert result.error is None
     final = result.cache.cache.snapshot()
     n_msgs = max(sent) + 1
     watcher.stop_after(n_msgs)
-    assert watcher.w.tree.counts["replayed"] == 1 and watcher.w.gaps == [], (sorted(watcher.w.tree.counts.items())[4:], watcher.w.gaps, watcher.w.messages, n_msgs)
+    assert watcher.w.tree.counts["replayed"] >= 1 and watcher.w.gaps == [], (sorted(watcher.w.tree.counts.items())[4:], watcher.w.gaps, watcher.w.messages, n_msgs)
     with telemetry.open_store(tmp_path / "own.db") as r:
         ops = r.ops()
-        assert (ops.op == "evict").sum() > 0 and (ops.op == "load_back").sum() > 0
+        assert (ops.op == "load_back").sum() > 0
+        assert watcher.w.tree.counts["removed_blocks"] > 0  # evictions reached the watcher
         own = r.blocks()
         assert frame_rows(own) == snap_rows(r.state_at(r.last_seq()))
         # mid-run too: the blocks at a seq are the blocks of the tree at that seq
@@ -189,23 +190,22 @@ def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) ->
     assert info["kv_events"]["resident"] == expected["resident_counts"]
 
 
-def test_vllm_shaped_consumer_in_another_process(tmp_path) -> None:
-    port = free_port()
+def test_vllm_shaped_consumer_in_another_process(tmp_path, monkeypatch) -> None:
+    port, rep = free_port(), free_port()
     out = tmp_path / "consumer.json"
     proc = subprocess.Popen([sys.executable, str(CONSUMER), f"tcp://127.0.0.1:{port}",
-                             str(out), "20"])
+                             str(out), "40", f"tcp://127.0.0.1:{rep}"])
     try:
-        time.sleep(1.0)
-        spec = RunSpec(workload="chat", requests=30, seed=5, components=("full", "swa"),
+        deadline = time.monotonic() + 30
+        while not Path(str(out) + ".ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spec = RunSpec(workload="chat", requests=40, seed=5, components=("full", "swa"),
                        sizes={"device_tokens": 512, "host_tokens": 2048,
                               "swa_device_tokens": 384, "swa_host_tokens": 2048},
                        store=str(tmp_path / "own.db"), telemetry_mode="inline")
-        import os
-        os.environ["RADIXSCOPE_KV_EVENTS"] = f"tcp://127.0.0.1:{port}"
-        try:
-            execute(spec)
-        finally:
-            del os.environ["RADIXSCOPE_KV_EVENTS"]
+        monkeypatch.setenv("RADIXSCOPE_KV_EVENTS", f"tcp://127.0.0.1:{port}")
+        monkeypatch.setenv("RADIXSCOPE_KV_EVENTS_REPLAY", f"tcp://127.0.0.1:{rep}")
+        execute(spec, on_step=flush_every(monkeypatch, 2))
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:

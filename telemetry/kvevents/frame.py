@@ -51,9 +51,13 @@ def blocks_frame(reader: object, seq: int | None = None) -> pd.DataFrame:
         data = [(m, g, b.hash, b.parent, list(b.tokens), None)
                 for (m, g), bl in snapshot_blocks(snap).items() for b in bl.values()]
         dtype = "UInt64"
-    df = pd.DataFrame(data, columns=COLUMNS)
-    df["hash"] = df["hash"].astype(dtype)
-    df["parent_hash"] = pd.array(list(df["parent_hash"]), dtype=dtype)
-    df["group"] = df["group"].astype("int64")
-    df["stored_seq"] = pd.array(list(df["stored_seq"]), dtype="Int64")
+    cols = list(zip(*data, strict=True)) if data else [()] * len(COLUMNS)
+    df = pd.DataFrame({  # built per column: a None among ints must never make floats
+        "medium": pd.array(list(cols[0]), dtype="object"),
+        "group": pd.array(list(cols[1]), dtype="int64"),
+        "hash": pd.array(list(cols[2]), dtype=dtype),
+        "parent_hash": pd.array(list(cols[3]), dtype=dtype),
+        "token_ids": pd.Series(list(cols[4]), dtype="object"),
+        "stored_seq": pd.array(list(cols[5]), dtype="Int64"),
+    })
     return df.sort_values(["medium", "group", "hash"], kind="stable").reset_index(drop=True)
