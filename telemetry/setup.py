@@ -27,6 +27,7 @@ from telemetry import backends
 from telemetry.exporters import StoreSpanProcessor
 from telemetry.handle import Telemetry
 from telemetry.health import Health
+from telemetry.kvevents.config import resolve as resolve_kv_events
 from telemetry.names import DEFAULT_SERVICE_NAME
 from telemetry.pipeline import Pipeline
 from telemetry.recorder import TelemetryRecorder
@@ -35,7 +36,6 @@ from telemetry.spans import TracerSpans
 from telemetry.store import create_store, resolve_new_store
 from telemetry.store_writer import StoreWriter
 from telemetry.transport import InlineTransport, ProcessTransport
-from telemetry.kvevents.config import resolve as resolve_kv_events
 from telemetry.writer import WriterSpec, publisher_for
 
 MODES = ("process", "inline")

@@ -23,8 +23,14 @@ import zmq
 from cache import events as ev
 from telemetry.health import Health
 from telemetry.kvevents import wire
-from telemetry.kvevents.blocks import (TIER_MEDIA, BlockKey, NodeHashes, groups_for, medium_for,
-                                       node_blocks)
+from telemetry.kvevents.blocks import (
+    TIER_MEDIA,
+    BlockKey,
+    NodeHashes,
+    groups_for,
+    medium_for,
+    node_blocks,
+)
 from telemetry.kvevents.config import KvEventsConfig
 
 _TOUCHING = frozenset((ev.NODE_CREATE, ev.NODE_SPLIT, ev.NODE_DELETE, ev.COMP_STATE))
