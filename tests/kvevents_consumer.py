@@ -3,6 +3,10 @@ vLLM's current ``vllm/distributed/kv_events.py``. Checks: seq increases by one, 
 hash was stored, every parent was stored, ``len(token_ids) == block_size * len(block_hashes)``.
 
     python tests/kvevents_consumer.py ENDPOINT REPORT.json SECONDS REPLAY_ENDPOINT
+
+It joins the way a real consumer does: it subscribes, and whatever it missed (the start of the
+stream before its subscription reached the PUB socket, a gap, the tail) it takes from the
+replay socket, so no message is lost to the slow-joiner race.
 """
 
 from __future__ import annotations
@@ -95,54 +99,108 @@ class State:
                 self.n_removed += len(e.block_hashes)
 
 
-def fetch_replay(ctx: zmq.Context, endpoint: str, start: int, until: int) -> list:
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 0)
-    d.connect(endpoint)
-    d.send_multipart([b"", start.to_bytes(8, "big")])
+def fetch_replay(dealer: zmq.Socket, start: int, until: int, timeout_ms: int) -> list:
+    """Messages ``start <= seq < until`` from the replay socket (request ``[b"", start]``)."""
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
     out = []
-    while d.poll(5000):
-        _, _topic, seq_b, payload = d.recv_multipart()
+    while dealer.poll(timeout_ms):
+        _, _topic, seq_b, payload = dealer.recv_multipart()
         seq = int.from_bytes(seq_b, "big", signed=True)
         if seq == -1:
-            break
-        if seq < until:
+            return out
+        if start <= seq < until:
             out.append((seq, payload))
-    d.close()
-    return out
+    raise TimeoutError(f"replay from {start}: no end marker within {timeout_ms} ms")
+
+
+class Consumer:
+    """Live messages from SUB; what it missed (the start, a gap, the tail) from replay."""
+
+    def __init__(self, endpoint: str, replay: str) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(replay)
+        self.dec = msgspec.msgpack.Decoder(KVEventBatch)
+        self.st = State()
+        self.live = self.replayed = 0
+
+    def fill(self, until: int, timeout_ms: int) -> None:
+        start = 0 if self.st.last is None else self.st.last + 1
+        if start < until:
+            for s, p in fetch_replay(self.dealer, start, until, timeout_ms):
+                self.replayed += 1
+                self.st.check(s, self.dec.decode(p))
+
+    def on_live(self, seq: int, payload: bytes, timeout_ms: int) -> None:
+        if self.st.last is not None and seq <= self.st.last:
+            return  # already had it from replay
+        self.fill(seq, timeout_ms)
+        self.live += 1
+        self.st.check(seq, self.dec.decode(payload))
+
+    def report(self) -> dict:
+        st = self.st
+        return {"messages": st.n, "live": self.live, "replayed": self.replayed,
+                "last_seq": st.last, "errors": st.errors, "stored": st.n_stored,
+                "removed": st.n_removed, "media": sorted(m for m in st.media if m),
+                "groups": sorted(g for g in st.groups if g is not None)}
+
+    def close(self) -> None:
+        self.sub.close()
+        self.dealer.close()
+        self.ctx.term()
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
+    """Protocol on stdio: prints ``ready`` once connected, ``live SEQ`` at its first live
+    message; reads ``end N`` (the publisher has sent seqs ``0..N-1`` and is still open), fills
+    what it lacks from replay, writes the report, prints ``done``. Every wait is bounded."""
     endpoint, out, seconds, replay = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    time.sleep(0.5)
-    open(out + ".ready", "w").close()
-    dec = msgspec.msgpack.Decoder(KVEventBatch)
-    st = State()
-    end = time.monotonic() + seconds
-    idle_end = None
-    while time.monotonic() < end:
-        if not sub.poll(200):
-            if st.n and idle_end is None:
-                idle_end = time.monotonic() + 2.0
-            if idle_end is not None and time.monotonic() > idle_end:
-                break
-            continue
-        idle_end = None
-        _topic, seq_b, payload = sub.recv_multipart()
-        seq = int.from_bytes(seq_b, "big")
-        if st.last is None and seq > 0:  # joined after the publisher bound: replay the start
-            for s_, p_ in fetch_replay(ctx, replay, 0, seq):
-                st.check(s_, dec.decode(p_))
-        st.check(seq, dec.decode(payload))
-    json.dump({"messages": st.n, "errors": st.errors, "stored": st.n_stored,
-               "removed": st.n_removed, "media": sorted(st.media),
-               "groups": sorted(st.groups)}, open(out, "w"))
-    sub.close()
-    ctx.term()
+    c = Consumer(endpoint, replay)
+    poller = zmq.Poller()
+    poller.register(c.sub, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    say("ready")
+    deadline = time.monotonic() + seconds
+    end: int | None = None
+    try:
+        while end is None and time.monotonic() < deadline:
+            events = dict(poller.poll(200))
+            while c.sub in events and c.sub.poll(0):
+                _topic, seq_b, payload = c.sub.recv_multipart()
+                first = c.live == 0
+                c.on_live(int.from_bytes(seq_b, "big"), payload, 10_000)
+                if first:
+                    say(f"live {c.st.last}")
+            if sys.stdin.fileno() in events:
+                line = sys.stdin.readline().split()
+                if not line:
+                    break  # the test went away
+                if line[0] == "end":
+                    end = int(line[1])
+        while c.sub.poll(0):  # anything live still queued
+            _topic, seq_b, payload = c.sub.recv_multipart()
+            c.on_live(int.from_bytes(seq_b, "big"), payload, 10_000)
+        if end is not None:
+            c.fill(end, 10_000)
+        rep = c.report()
+        rep["end"] = end
+    except Exception as e:  # noqa: BLE001 - reported to the test, not raised past it
+        rep = {**c.report(), "end": end, "errors": [*c.st.errors, f"{type(e).__name__}: {e}"]}
+    with open(out, "w") as f:
+        json.dump(rep, f)
+    c.close()
+    say("done")
 
 
 if __name__ == "__main__":
