@@ -55,6 +55,10 @@ def run_side(prepare, kv: bool, mode: str, tmp: Path, tag: str) -> dict:
     return bt.measure(prepare, True, tmp, tag)
 
 
+def quartiles(xs: list[float]) -> list[float]:
+    return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+
+
 def bench(name: str, prepare, reps: int, mode: str, tmp: Path) -> dict:
     base, kv = [], []
     for rep in range(reps):
@@ -65,12 +69,11 @@ def bench(name: str, prepare, reps: int, mode: str, tmp: Path) -> dict:
     med = statistics.median
     hot = [a["hot_s"] / b["hot_s"] for a, b in zip(base, kv, strict=True)]
     e2e = [a["e2e_s"] / b["e2e_s"] for a, b in zip(base, kv, strict=True)]
-    q = (lambda xs: statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3)
     print(f"[{name}, {mode}] {n} op records per run, {reps} pairs")
     for a, b, h, e in zip(base, kv, hot, e2e, strict=True):
         print(f"    without {n / a['hot_s']:8.0f} ops/s | with {n / b['hot_s']:8.0f} ops/s | "
               f"ratio hot {h:.3f} e2e {e:.3f} | dropped {b['dropped']} failures {b['failures']}")
-    (h1, hm, h3), (e1, em, e3) = q(hot), q(e2e)
+    (h1, _, h3), (e1, _, e3) = quartiles(hot), quartiles(e2e)
     print(f"  RATIO with/without kv_events (median of per-pair ratios)  hot {med(hot):.3f} "
           f"(quartiles {h1:.3f}-{h3:.3f})   e2e {med(e2e):.3f} (quartiles {e1:.3f}-{e3:.3f})")
     print(f"  CPU us/op  cache thread {med(r['thread_cpu_s'] for r in base) / n * 1e6:.1f} -> "
