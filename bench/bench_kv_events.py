@@ -26,6 +26,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +37,8 @@ for p in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(p))
 
 import bench_telemetry as bt  # noqa: E402
+
+import telemetry  # noqa: E402
 
 
 def free_port() -> int:
@@ -52,7 +55,32 @@ def run_side(prepare, kv: bool, mode: str, tmp: Path, tag: str) -> dict:
                                  "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}
     else:
         bt.SETUP["kv_events"] = False
-    return bt.measure(prepare, True, tmp, tag)
+    if mode == "process":
+        return bt.measure(prepare, True, tmp, tag)
+    return measure_inline(prepare, tmp, tag)
+
+
+def measure_inline(prepare, tmp: Path, tag: str) -> dict:
+    """``bt.measure`` for inline mode (no writer process: the sinks run on the drain thread,
+    whose CPU is in this process's column)."""
+    tel = telemetry.setup(store=tmp / f"{tag}.db", overwrite=True, capture_host_spans=False,
+                          **bt.SETUP)
+    run = prepare(tel.recorder, tel)
+    tel.flush()
+    c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
+    run()
+    out = {"hot_s": time.perf_counter() - t0, "thread_cpu_s": time.thread_time() - th0}
+    tel.flush(timeout_s=600)
+    out["e2e_s"] = time.perf_counter() - t0
+    out["cpu_s"] = time.process_time() - c0
+    out["writer_cpu_s"] = 0.0
+    stats = tel.close(timeout_s=600)
+    out["dropped"] = sum(stats["dropped"].values())
+    out["failures"] = sum(stats["failures"].values())
+    with telemetry.open_store(tel.store_path) as r:
+        out["ops"] = len(r.ops())
+    tel.store_path.unlink(missing_ok=True)
+    return out
 
 
 def quartiles(xs: list[float]) -> list[float]:
