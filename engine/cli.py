@@ -19,6 +19,7 @@ from pathlib import Path
 from cache.config import PRESETS, WRITE_POLICIES
 from engine.run import SIZE_FIELDS, RunSpec
 from engine.workloads import WORKLOADS
+from telemetry.kvevents import cli as kv_cli
 
 DEFAULT_STORE = "runs/latest.db"
 EXIT_BAD_INPUT = 2
@@ -90,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-running", type=_int_at_least(1), default=16, metavar="N",
                    help="requests running at once (default 16)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    kv_cli.add_run_options(r)
+    kv_cli.add_watch_parser(sub)
     d = sub.add_parser("doctor", help="budget, violations and admissions of a store in words")
     d.add_argument("store")
     u = sub.add_parser("ui", help="open the Streamlit UI on a store")
@@ -146,6 +149,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     store = None if ns.no_store else ns.store
     if store is not None:
         _check_store_target(store)
+    kv_cli.apply_run_options(ns)
     spec = RunSpec(workload=ns.workload, requests=ns.requests, seed=ns.seed, preset=ns.preset,
                    components=ns.components, write_policy=ns.write_policy,
                    sizes={f: getattr(ns, f) for f in SIZE_FIELDS if getattr(ns, f) is not None},
@@ -277,7 +281,8 @@ def cmd_export(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_export}
+COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_export,
+            "watch": kv_cli.cmd_watch}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,6 +280,14 @@ class StoreReader:
                              f"{e})") from None
 
     @file_errors
+    def blocks(self, seq: int | None = None) -> pd.DataFrame:
+        """KV blocks resident at ``seq`` (default: the end): ``medium, group, hash,
+        parent_hash, token_ids, stored_seq`` (see ``telemetry/kvevents/frame.py``)."""
+        int_arg("seq", seq)
+        from telemetry.kvevents.frame import blocks_frame
+        return blocks_frame(self, seq)
+
+    @file_errors
     def state_at(self, seq: int) -> CacheSnapshot:
         """The cache as it was right after mutation ``seq``: the nearest keyframe at or before
         ``seq`` plus a replay of the mutations after it.

@@ -27,6 +27,7 @@ from telemetry import backends
 from telemetry.exporters import StoreSpanProcessor
 from telemetry.handle import Telemetry
 from telemetry.health import Health
+from telemetry.kvevents.config import resolve as resolve_kv_events
 from telemetry.names import DEFAULT_SERVICE_NAME
 from telemetry.pipeline import Pipeline
 from telemetry.recorder import TelemetryRecorder
@@ -35,7 +36,7 @@ from telemetry.spans import TracerSpans
 from telemetry.store import create_store, resolve_new_store
 from telemetry.store_writer import StoreWriter
 from telemetry.transport import InlineTransport, ProcessTransport
-from telemetry.writer import WriterSpec
+from telemetry.writer import WriterSpec, publisher_for
 
 MODES = ("process", "inline")
 AUTO = "auto"
@@ -53,7 +54,8 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
           sample_every_ms: float = 100.0, queue_capacity: int = 262144,
           overflow: str = "block", block_timeout_s: float = 2.0,
           drain_interval_s: float = 0.1, capture_context: bool = True,
-          writer_nice: int = 10, flight_ring: int = 4096) -> Telemetry:
+          writer_nice: int = 10, flight_ring: int = 4096,
+          kv_events: Any = None) -> Telemetry:
     """Start telemetry and return its handle.
 
     Args:
@@ -85,6 +87,8 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         capture_context: capture the caller's OTel context per op (span parenting).
         writer_nice: niceness increment of the writer process (0 = same priority).
         flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
+        kv_events: publish vLLM-format KV events: an endpoint the PUB socket binds, a dict or
+            ``KvEventsConfig``; None = from ``RADIXSCOPE_KV_EVENTS``; False = off.
 
     Returns:
         The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes.
@@ -108,6 +112,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     if sample_every_ms < 0:
         raise ValueError(f"sample_every_ms={sample_every_ms!r}: must be >= 0")
     spec = _backend_spec(otlp, console, prometheus, service_name)
+    kv_cfg = resolve_kv_events(kv_events)
     backends.check_available(spec)
     path = _store_path(store, overwrite)
     settings = {"mode": mode, "keyframe_every": keyframe_every,
@@ -121,7 +126,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         create_store(path, settings, overwrite=overwrite)
     if mode == "process":
         wspec = WriterSpec(str(path) if path else None, spec, spans, metrics, keyframe_every,
-                           sample_every_ms, writer_nice)
+                           sample_every_ms, writer_nice, kv_events=kv_cfg)
         transport: Any = ProcessTransport(wspec, health)
         tel = Telemetry(recorder, Pipeline(recorder, transport, health, drain_interval_s),
                         health, path, mode)
@@ -130,7 +135,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     else:
         tel = _inline(recorder, health, path, spec, spans, metrics, tracer_provider,
                       meter_provider, span_exporters, in_memory, capture_host_spans,
-                      keyframe_every, sample_every_ms, drain_interval_s)
+                      keyframe_every, sample_every_ms, drain_interval_s, kv_cfg)
     _close_at_exit(tel)
     return tel
 
@@ -195,7 +200,8 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
             tracer_provider: trace.TracerProvider | None,
             meter_provider: metrics_api.MeterProvider | None,
             span_exporters: Sequence[SpanExporter], in_memory: bool, capture_host_spans: bool,
-            keyframe_every: int, sample_every_ms: float, drain_interval_s: float) -> Telemetry:
+            keyframe_every: int, sample_every_ms: float, drain_interval_s: float,
+            kv_cfg: Any = None) -> Telemetry:
     """Inline mode: the sink runs on the drain thread; cache spans go through a provider."""
     tp = mem_exp = None
     if spans:
@@ -226,7 +232,8 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
     sink = Sink(Health(), store, TracerSpans(tp) if tp is not None else None, mp,
                 keyframe_every=keyframe_every, sample_every_ms=sample_every_ms,
                 flush_hook=flush_providers,
-                resource=dict(resource.attributes) if resource is not None else None)
+                resource=dict(resource.attributes) if resource is not None else None,
+                taps=[publisher_for(kv_cfg, health)] if kv_cfg is not None else [])
     if store is not None and isinstance(tp, TracerProvider):
         tp.add_span_processor(StoreSpanProcessor(sink.put_span, health))
     tel = Telemetry(recorder, Pipeline(recorder, InlineTransport(sink), health, drain_interval_s),

@@ -41,6 +41,8 @@ class Sink:
         sample_every_ms: cache time between pool samples in the store.
         flush_hook: called by ``flush`` (e.g. force-flushing providers).
         resource: attributes of the resource the cache's spans carry (stored in ``info``).
+        taps: further sinks fed the replica's changes (``attach(info, journal)``,
+            ``mutations(accepted, journal)``, ``flush()``, ``close()``): the KV-event publisher.
     """
 
     def __init__(self, health: Health, store: StoreWriter | None,
@@ -49,7 +51,7 @@ class Sink:
                  span_processors: Sequence[Any] = (), keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0,
                  flush_hook: Callable[[], None] | None = None,
-                 resource: dict | None = None) -> None:
+                 resource: dict | None = None, taps: Sequence[Any] = ()) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
         self.health = health
@@ -71,6 +73,7 @@ class Sink:
         self._last_end_ns = 0
         self._final: dict = {}
         self._resource = dict(resource or {})
+        self.taps = list(taps)
 
     def put_span(self, span: Any) -> None:
         """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
@@ -126,6 +129,9 @@ class Sink:
             self.store.write_node_tokens((n.node_id, n.tokens) for n in snap.nodes)
             self.store.write_keyframe(snap.seq, snapshot)
             self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.attach(info, self.journal)
 
     def _ops(self, ops: list[CompactOp], muts: list[tuple]) -> None:
         j = self.journal
@@ -133,6 +139,10 @@ class Sink:
         self.ops_seen += len(ops)
         if ops:
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
+        if j is not None:
+            for tap in self.taps:
+                with self.health.guard(f"tap.{type(tap).__name__}"):
+                    tap.mutations(accepted, j)
         ids = [self._span(op) for op in ops] if self.spans is not None else [NO_IDS] * len(ops)
         if self.metrics is not None:
             with self.health.guard("metrics"):
@@ -201,6 +211,9 @@ class Sink:
             with self.health.guard("flush_hook"):
                 self._flush_hook()
         self._drain_spans()
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.flush()
         if self.store is not None:
             with self.health.guard("store.flush"):
                 j = self.journal
@@ -237,6 +250,9 @@ class Sink:
                                                  "telemetry (killed or crashed)"})
         self._final = self.flush()
         self.closed = True
+        for tap in self.taps:
+            with self.health.guard(f"tap.{type(tap).__name__}"):
+                tap.close()
         if self.store is not None:
             with self.health.guard("store.close"):
                 self.store.close()

@@ -83,10 +83,15 @@ CREATE TABLE violations (
 CREATE TABLE events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts_ns INTEGER NOT NULL, seq INTEGER,
     kind TEXT NOT NULL, attrs TEXT NOT NULL);
+CREATE TABLE kv_blocks (
+    medium TEXT NOT NULL, grp INTEGER NOT NULL, hash INTEGER NOT NULL, parent_hash INTEGER,
+    token_ids TEXT NOT NULL, stored_seq INTEGER NOT NULL, removed_seq INTEGER,
+    stored_ns INTEGER NOT NULL, removed_ns INTEGER);
+CREATE INDEX kv_blocks_live ON kv_blocks (medium, grp, hash, removed_seq);
 """
 
 TABLES = ("info", "ops", "journal", "keyframes", "node_tokens", "metrics", "resources",
-          "spans", "violations", "events")
+          "spans", "violations", "events", "kv_blocks")
 
 
 def resolve_new_store(path: str | os.PathLike, overwrite: bool) -> Path:

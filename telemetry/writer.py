@@ -58,6 +58,7 @@ class WriterSpec:
     keyframe_every: int = 20000
     sample_every_ms: float = 100.0
     nice: int = 10
+    kv_events: Any = None  # a KvEventsConfig: publish KV events from this process
 
 
 def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
@@ -89,6 +90,7 @@ def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
             mp_ = MeterProvider(metric_readers=readers, resource=backends.resource(b))
             owned.append(mp_)
     store = StoreWriter(spec.store) if spec.store else None
+    taps = [publisher_for(spec.kv_events, health)] if spec.kv_events is not None else []
 
     def flush_exports() -> None:
         for p in procs or ():
@@ -99,8 +101,14 @@ def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
     sink = Sink(health, store, spans, mp_, span_processors=procs or (),
                 keyframe_every=spec.keyframe_every, sample_every_ms=spec.sample_every_ms,
                 flush_hook=flush_exports,
-                resource=dict(backends.resource(b).attributes))
+                resource=dict(backends.resource(b).attributes), taps=taps)
     return sink, owned
+
+
+def publisher_for(config: Any, health: Health) -> Any:
+    """The KV-event publisher (imported only when configured: it needs pyzmq and msgspec)."""
+    from telemetry.kvevents.publisher import KvEventPublisher
+    return KvEventPublisher(config, health)
 
 
 _GC_THRESHOLD = (100_000, 50, 1000)

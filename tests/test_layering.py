@@ -16,7 +16,7 @@ PROJECT = {"cache", "telemetry", "engine", "ui"}
 RULES = {
     "cache": ({"torch", "opentelemetry"}, {"cache"}, ("opentelemetry.sdk", "opentelemetry.exporter")),
     "telemetry": ({"torch", "opentelemetry", "pandas", "numpy", "pyarrow", "prometheus_client",
-                   "google", "grpc"}, {"cache", "telemetry"}, ("streamlit",)),
+                   "google", "grpc", "zmq", "msgspec"}, {"cache", "telemetry"}, ("streamlit",)),
     "engine": ({"torch", "opentelemetry", "pandas", "numpy"}, {"cache", "telemetry", "engine"},
                ("streamlit",)),
     "ui": ({"streamlit", "pandas", "numpy", "plotly", "networkx", "graphviz", "torch",

@@ -1,0 +1,57 @@
+"""``radixscope watch`` and the ``run --kv-events`` options (registered by ``engine/cli.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from telemetry.kvevents.config import ENV_ENDPOINT, ENV_REPLAY
+
+
+def add_watch_parser(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("watch", help="subscribe to an engine's KV events (vLLM, SGLang) and "
+                                     "write its tree to a store")
+    w.add_argument("endpoint", help="the engine's KV-event PUB endpoint, e.g. tcp://host:5557")
+    w.add_argument("--replay", metavar="ENDPOINT", help="the engine's replay endpoint")
+    w.add_argument("--topic", default="", help="topic prefix to subscribe to (default: all)")
+    w.add_argument("--store", required=True, metavar="FILE", help="the store to write")
+    w.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    w.add_argument("--max-seconds", type=float, default=None, help=argparse.SUPPRESS)
+
+
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--kv-events", metavar="ENDPOINT",
+                   help="publish vLLM-format KV events on a PUB socket bound here "
+                        "(e.g. tcp://127.0.0.1:5557)")
+    r.add_argument("--kv-events-replay", metavar="ENDPOINT",
+                   help="bind the KV-event replay ROUTER socket here")
+
+
+def apply_run_options(ns: argparse.Namespace) -> None:
+    """``run --kv-events``: the setting reaches ``telemetry.setup`` through its variables."""
+    if getattr(ns, "kv_events", None):
+        os.environ[ENV_ENDPOINT] = ns.kv_events
+        if ns.kv_events_replay:
+            os.environ[ENV_REPLAY] = ns.kv_events_replay
+
+
+def cmd_watch(ns: argparse.Namespace) -> int:
+    from telemetry.kvevents.watch import Watcher
+
+    try:
+        w = Watcher(ns.endpoint, ns.store, replay=ns.replay, topic=ns.topic,
+                    overwrite=ns.overwrite)
+    except (ValueError, FileExistsError, OSError) as e:
+        print(f"radixscope watch: error: {e}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: w.stop())
+    print(f"radixscope watch: {ns.endpoint} -> {w.path} (Ctrl-C to stop)", file=sys.stderr,
+          flush=True)
+    counts = w.run(max_s=ns.max_seconds)
+    print(f"radixscope watch: {w.messages} messages, {counts.get('stored_blocks', 0)} blocks "
+          f"stored, {counts.get('removed_blocks', 0)} removed, "
+          f"{counts.get('bad_frames', 0)} bad frames, gaps {w.gaps}", file=sys.stderr)
+    return 0

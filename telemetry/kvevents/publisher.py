@@ -1,0 +1,258 @@
+"""The KV-event publisher: a sink on the one event stream (it runs where the other sinks run:
+the writer process, or the drain thread inline), never on the cache's thread.
+
+After each batch of mutations the sinks' replica (``Journal``) has applied, it recomputes the
+resident blocks of the nodes those mutations touched, diffs them against what it published,
+and sends one ``KVEventBatch``: ``BlockStored`` per newly resident run of pages (parents before
+children, ``parent_block_hash`` chained), ``BlockRemoved`` per (medium, group) for the rest.
+Frames are ``[topic, seq (8 bytes big-endian), msgpack batch]`` on a bound PUB socket; the last
+``buffer_steps`` messages are kept for the replay ROUTER socket (request ``[id, b"",
+start_seq]``, replies ``[id, b"", topic, seq, payload]``..., then ``[id, b"", b"", -1, b""]``),
+served by a small thread of its own. A failure is logged and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterable
+
+import zmq
+
+from cache import events as ev
+from telemetry.health import Health
+from telemetry.kvevents import wire
+from telemetry.kvevents.blocks import (
+    TIER_MEDIA,
+    BlockKey,
+    NodeHashes,
+    groups_for,
+    medium_for,
+    node_blocks,
+)
+from telemetry.kvevents.config import KvEventsConfig
+
+_TOUCHING = frozenset((ev.NODE_CREATE, ev.NODE_SPLIT, ev.NODE_DELETE, ev.COMP_STATE))
+
+
+class KvEventPublisher:
+    """Publishes our cache's blocks. ``attach`` / ``mutations`` / ``flush`` / ``close`` are
+    called by ``Sink`` (the tap hooks) on its own thread.
+
+    Args:
+        config: endpoints and buffer sizes.
+        health: the sink side's counters (``kv_events.*`` notes, ``kv_events`` failures).
+    """
+
+    def __init__(self, config: KvEventsConfig, health: Health) -> None:
+        self.config = config
+        self.health = health
+        self.topic = config.topic.encode()
+        self.seq = 0
+        self.sent_events = 0
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
+        self._pub.setsockopt(zmq.LINGER, 500)
+        self._pub.bind(config.endpoint)
+        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._buf: collections.deque[tuple[int, bytes]] = collections.deque(
+            maxlen=config.buffer_steps)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._replay_thread: threading.Thread | None = None
+        self.replay_endpoint: str | None = None
+        if config.replay_endpoint:
+            router = self._ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.SNDHWM, 2 * (config.buffer_steps + 1))
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind(config.replay_endpoint)
+            self.replay_endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._replay_thread = threading.Thread(target=self._serve_replay, args=(router,),
+                                                   name="radixscope-kv-events-replay",
+                                                   daemon=True)
+            self._replay_thread.start()
+        self._journal = None
+        self._hashes: NodeHashes | None = None
+        self._resident: dict[int, dict[BlockKey, tuple[int, ...]]] = {}
+        self._media = dict(TIER_MEDIA)
+        self._groups: list = []
+        self._ci: dict[str, int] = {}
+        self._block_size = 1
+        self._stopped = False
+
+    # ---- sink hooks -------------------------------------------------------------------------
+    def attach(self, info: dict, journal: object) -> None:
+        """The cache attached: publish ``AllBlocksCleared`` and whatever it already holds."""
+        cfg = info.get("config", {})
+        comps = list(journal.components)  # type: ignore[attr-defined]
+        self._journal = journal
+        self._groups = groups_for(comps, cfg.get("sliding_window") or None)
+        self._ci = {c: i for i, c in enumerate(comps)}
+        self._block_size = int(info.get("page_size") or cfg.get("page_size") or 1)
+        self._media = {**TIER_MEDIA, "storage": medium_for("storage",
+                                                           self.config.storage_backend)}
+        nodes = journal.builder.nodes  # type: ignore[attr-defined]
+        self._hashes = NodeHashes(nodes, self._block_size)
+        events: list = [wire.AllBlocksCleared()]
+        events += self._diff([n for n in nodes if n != 0])
+        self._send(events)
+
+    def mutations(self, accepted: list[tuple], journal: object) -> None:
+        """Publish what a batch of mutations (already applied to ``journal``) changed."""
+        if self._journal is None or self._stopped:
+            return
+        if journal.broken:  # type: ignore[attr-defined]
+            # records were dropped upstream: what is resident is unknown from here on
+            self._stopped = True
+            self.health.note("kv_events.stopped_at_gap")
+            self._send([wire.AllBlocksCleared()])
+            return
+        touched: dict[int, None] = {}
+        hashes = self._hashes
+        for m in accepted:
+            kind = m[2]
+            if kind in _TOUCHING:
+                touched[m[3]] = None
+                if kind == ev.NODE_SPLIT:
+                    hashes.forget(m[3])  # type: ignore[union-attr]
+                    touched[m[6][0]] = None
+                elif kind == ev.NODE_DELETE:
+                    hashes.forget(m[3])  # type: ignore[union-attr]
+        touched.pop(0, None)
+        if touched:
+            events = self._diff(list(touched))
+            if events:
+                self._send(events)
+
+    def flush(self) -> None:
+        """Nothing is held back: every batch is sent when it is handled."""
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._replay_thread is not None:
+            self._replay_thread.join(timeout=2.0)
+        self._pub.close()
+        self._ctx.term()
+
+    # ---- the diff ---------------------------------------------------------------------------
+    def _diff(self, touched: Iterable[int]) -> list:
+        nodes = self._journal.builder.nodes  # type: ignore[union-attr]
+        hashes = self._hashes
+        assert hashes is not None
+        old: dict[BlockKey, set[int]] = {}
+        fresh: list[tuple[int, BlockKey, list[int]]] = []  # (node, key, page indices)
+        for nid in touched:
+            for key, hs in self._resident.pop(nid, {}).items():
+                old.setdefault(key, set()).update(hs)
+        now: dict[BlockKey, set[int]] = {}
+        for nid in touched:
+            rec = nodes.get(nid)
+            if rec is None:
+                continue
+            got = node_blocks(nid, rec, hashes, self._ci, self._groups, self._media)
+            if not got:
+                continue
+            hs = hashes.of(nid)
+            mine = {}
+            for key, pages in got.items():
+                ids = tuple(hs[p] for p in pages)
+                mine[key] = ids
+                now.setdefault(key, set()).update(ids)
+                was = old.get(key, ())
+                new_pages = [p for p in pages if hs[p] not in was]
+                if new_pages:
+                    fresh.append((nid, key, new_pages))
+            self._resident[nid] = mine
+        events: list = []
+        if fresh:
+            depth = self._depths([f[0] for f in fresh], nodes)
+            fresh.sort(key=lambda f: (depth[f[0]], f[1]))
+            for nid, key, pages in fresh:
+                events.extend(self._stored(nid, nodes[nid], key, pages))
+        for key, hs in sorted(old.items()):
+            gone = hs - now.get(key, set())
+            if gone:
+                events.append(wire.BlockRemoved(sorted(gone), key[0], group_idx=key[1]))
+        return events
+
+    def _stored(self, nid: int, rec: list, key: BlockKey, pages: list[int]) -> list:
+        """One ``BlockStored`` per contiguous run of pages."""
+        hashes = self._hashes
+        assert hashes is not None
+        hs = hashes.of(nid)
+        ps = self._block_size
+        g = self._groups[key[1]]
+        out = []
+        runs: list[list[int]] = []
+        for p in pages:
+            if runs and runs[-1][-1] == p - 1:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        for run in runs:
+            first = run[0]
+            parent = hs[first - 1] if first else hashes.parent_hash(nid)
+            toks = list(rec[2][first * ps:(run[-1] + 1) * ps])
+            out.append(wire.BlockStored(
+                [hs[p] for p in run], parent, toks, ps, None, key[0], None,
+                group_idx=g.idx, kv_cache_spec_kind=g.kind,
+                kv_cache_spec_sliding_window=g.window))
+        return out
+
+    @staticmethod
+    def _depths(nids: list[int], nodes: dict) -> dict[int, int]:
+        out: dict[int, int] = {0: 0}
+        for nid in nids:
+            path = []
+            n = nid
+            while n not in out:
+                path.append(n)
+                n = nodes[n][0]
+            d = out[n]
+            for p in reversed(path):
+                d += 1
+                out[p] = d
+        return out
+
+    # ---- sockets ------------------------------------------------------------------------------
+    def _send(self, events: list) -> None:
+        batch = wire.KVEventBatch(ts=time.time(), events=events,
+                                  data_parallel_rank=self.config.data_parallel_rank)
+        payload = wire.encode_batch(batch)
+        with self._lock:
+            seq = self.seq
+            self.seq += 1
+            self._buf.append((seq, payload))
+        try:
+            self._pub.send_multipart((self.topic, wire.seq_bytes(seq), payload),
+                                     flags=zmq.NOBLOCK, copy=False)
+            self.sent_events += len(events)
+        except zmq.Again:
+            self.health.note("kv_events.dropped_messages")
+
+    def _serve_replay(self, router: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(100):
+                    continue
+                frames = router.recv_multipart()
+                with self.health.guard("kv_events.replay"):
+                    self._reply(router, frames)
+        finally:
+            router.close()
+
+    def _reply(self, router: zmq.Socket, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[2]) != 8:
+            self.health.note("kv_events.bad_replay_requests")
+            return
+        client = frames[0]
+        start = int.from_bytes(frames[2], "big", signed=True)
+        with self._lock:
+            items = [(s, p) for s, p in self._buf if s >= start]
+        for s, p in items:
+            router.send_multipart((client, b"", self.topic, wire.seq_bytes(s), p))
+        router.send_multipart((client, b"", b"", wire.seq_bytes(-1), b""))
