@@ -25,7 +25,6 @@ to catch truncation and damage.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -38,15 +37,13 @@ from opentelemetry import trace
 from cache.snapshot import CacheSnapshot
 from telemetry import failure as failure_
 from telemetry import window as window_
+from telemetry.bundle_format import BUNDLE_FORMAT, BUNDLE_VERSION, COUNTED_TABLES, table_digest
 from telemetry.encode import dumps, journal_chunk
 from telemetry.replaycheck import replay_check
 from telemetry.store import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 
-BUNDLE_FORMAT = "radixscope.bundle"
-BUNDLE_VERSION = 1
 TRIGGER_ERROR = "error"
 TRIGGER_ON_DEMAND = "on_demand"
-COUNTED_TABLES = ("ops", "mutations", "keyframes", "metrics", "violations", "events")
 
 
 def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None = None,
@@ -194,16 +191,6 @@ class _Rows:
 
     def counts(self) -> dict[str, int]:
         return {t: len(getattr(self, t)) for t in COUNTED_TABLES}
-
-
-def table_digest(con: sqlite3.Connection, table: str) -> str:
-    """SHA-256 over a table's rows in rowid order (the ``mutations`` view's in seq order): the
-    manifest's guard against damage."""
-    h = hashlib.sha256()
-    order = "seq" if table == "mutations" else "rowid"
-    for row in con.execute(f"SELECT * FROM {table} ORDER BY {order}"):
-        h.update(repr(row).encode())
-    return h.hexdigest()
 
 
 def _caller_ids(ctx: Any) -> tuple[str | None, str | None]:

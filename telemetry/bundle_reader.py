@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from cache.snapshot import CacheSnapshot
-from telemetry.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, COUNTED_TABLES, table_digest
+from telemetry.bundle_format import BUNDLE_FORMAT, BUNDLE_VERSION, COUNTED_TABLES, table_digest
 from telemetry.reader import StoreReader
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"

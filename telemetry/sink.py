@@ -1,10 +1,12 @@
-"""The sinks, composed: spans, metrics and the store, all fed from one message stream.
+"""The sinks, composed: spans, metrics, the store and any registered ``Sink``, fed from one stream.
 
-``Sink.handle`` takes a batch of messages (see ``telemetry/encode.py``), gives each op its span,
+``Fanout.handle`` takes a batch of messages (see ``telemetry/encode.py``), gives each op its span,
 updates the metrics, replays the mutations into its ``Journal``, writes everything to the store
 and commits once, adding a keyframe every ``keyframe_every`` mutations and a pool sample every
 ``sample_every_ms`` of cache time. The same class runs in the writer process (process mode) or
 on the drain thread (inline mode). Each step is guarded: a failure is logged and counted.
+Outputs beyond the built-in four are ``Sink`` objects (``telemetry/sinkbase.py``) in ``extra``:
+each gets the attach, every op batch with its accepted mutations, every event, flush and close.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from telemetry.health import Health, merge_stats
 from telemetry.journal import Journal
 from telemetry.metrics import CacheMetrics
 from telemetry.names import EVENT_ADMISSION, INSTRUMENTATION_SCOPE
+from telemetry.sinkbase import Sink
 from telemetry.spans import NO_IDS, DirectSpans, Ids, TracerSpans
 from telemetry.store_writer import StoreWriter
 
 
-class Sink:
-    """Consumes telemetry messages.
+class Fanout:
+    """Consumes telemetry messages and fans them out to every output.
 
     Args:
         health: this side's counters.
@@ -39,6 +42,7 @@ class Sink:
         sample_every_ms: cache time between pool samples in the store.
         flush_hook: called by ``flush`` (e.g. force-flushing providers).
         resource: attributes of the resource the cache's spans carry (stored in ``info``).
+        extra: registered sinks (``sinkbase.build``) fed beside the built-in outputs.
     """
 
     def __init__(self, health: Health, store: StoreWriter | None,
@@ -47,7 +51,7 @@ class Sink:
                  span_processors: Sequence[Any] = (), keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0,
                  flush_hook: Callable[[], None] | None = None,
-                 resource: dict | None = None) -> None:
+                 resource: dict | None = None, extra: Sequence[Sink] = ()) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
         self.health = health
@@ -69,6 +73,7 @@ class Sink:
         self._last_end_ns = 0
         self._final: dict = {}
         self._resource = dict(resource or {})
+        self.extra = list(extra)
 
     def put_span(self, span: Any) -> None:
         """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
@@ -118,6 +123,7 @@ class Sink:
         self.journal = Journal(snap, self.health)
         if self.metrics is not None:
             self.metrics.journal = self.journal
+        self._each("attach", info, snap)
         if self.store is not None:
             self.store.set_info("cache", info)
             self.store.set_info("resource", self._resource)
@@ -135,6 +141,7 @@ class Sink:
             with self.health.guard("metrics"):
                 self.metrics.observe_ops(ops)
                 self.metrics.observe_mutations(accepted)
+        self._each("ops", ops, accepted)
         if self.store is None:
             return
         self.store.write_ops(ops, ids)
@@ -167,8 +174,15 @@ class Sink:
     def _event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
         if kind == EVENT_ADMISSION and self.metrics is not None:
             self.metrics.observe_admission(bool(attrs.get("admitted")))
+        self._each("event", ts_ns, seq, kind, attrs)
         if self.store is not None:
             self.store.write_event(ts_ns, seq, kind, attrs)
+
+    def _each(self, method: str, *args: Any) -> None:
+        """Call ``method`` on every registered sink, each guarded on its own."""
+        for sink in self.extra:
+            with self.health.guard(f"sink.{type(sink).__name__}.{method}"):
+                getattr(sink, method)(*args)
 
     def _drain_spans(self) -> None:
         q = self._span_q
@@ -196,6 +210,7 @@ class Sink:
             with self.health.guard("flush_hook"):
                 self._flush_hook()
         self._drain_spans()
+        self._each("flush")
         if self.store is not None:
             with self.health.guard("store.flush"):
                 j = self.journal
@@ -215,6 +230,7 @@ class Sink:
             return self._final
         self._final = self.flush()
         self.closed = True
+        self._each("close")
         if self.store is not None:
             with self.health.guard("store.close"):
                 self.store.close()
