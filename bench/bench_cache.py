@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
-from cache.events import FlightRecorder, NullRecorder  # noqa: E402
+from cache import CacheConfig, HiRadixCache, TokenKey
+from cache.events import FlightRecorder, NullRecorder
 
 SYS_LEN, TURN = 64, 32
 OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")

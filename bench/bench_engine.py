@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from engine.run import RunSpec, execute  # noqa: E402
+from engine.run import RunSpec, execute
 
 
 def one(spec: RunSpec) -> dict:

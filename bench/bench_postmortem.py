@@ -21,24 +21,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from bench_telemetry import ChatWorkload, make_cache
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from bench_telemetry import ChatWorkload, make_cache  # noqa: E402
-
-from cache.events import FlightRecorder  # noqa: E402
-from telemetry.bundle import write_bundle  # noqa: E402
-from telemetry.bundle_reader import load_bundle  # noqa: E402
-from telemetry.flight import KeyframedFlightRecorder  # noqa: E402
+from cache.events import FlightRecorder
+from telemetry.bundle import write_bundle
+from telemetry.bundle_reader import load_bundle
+from telemetry.flight import KeyframedFlightRecorder
 
 KINDS = ("null", "flight", "keyframed")
 

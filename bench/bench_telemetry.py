@@ -42,13 +42,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import telemetry  # noqa: E402
-from cache import CacheConfig, HiRadixCache  # noqa: E402
-from cache.events import Recorder  # noqa: E402
+import telemetry
+from cache import CacheConfig, HiRadixCache
+from cache.events import Recorder
 
 
 # ---- workloads -------------------------------------------------------------------------------

@@ -21,24 +21,19 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import telemetry  # noqa: E402
-from cache import CacheConfig, HiRadixCache  # noqa: E402
-from cache.snapshot import replay  # noqa: E402
-from ui.shaping.icicle import icicle_figure  # noqa: E402
-from ui.shaping.lod import lod_sectors  # noqa: E402
-from ui.shaping.synthetic import synthetic_snapshot  # noqa: E402
-from ui.shaping.tree import tree_model  # noqa: E402
+import telemetry
+from cache import CacheConfig, HiRadixCache
+from cache.snapshot import replay
+from ui.shaping.icicle import icicle_figure
+from ui.shaping.lod import lod_sectors
+from ui.shaping.synthetic import synthetic_snapshot
+from ui.shaping.tree import tree_model
 
 
 def _ms(fn, reps: int) -> tuple[float, object]:

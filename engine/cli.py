@@ -204,10 +204,13 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 def ui_app_path() -> Path | None:
     """The UI's Streamlit entrypoint (``ui/app.py``), or None when the UI is not installed."""
-    spec = importlib.util.find_spec("ui")
-    if spec is None or not spec.submodule_search_locations:
+    try:  # the installed package's file (imports the ui package, not the app itself)
+        spec = importlib.util.find_spec("ui.app")
+    except ModuleNotFoundError:
         return None
-    app = Path(next(iter(spec.submodule_search_locations))) / "app.py"
+    if spec is None or spec.origin is None:
+        return None
+    app = Path(spec.origin)
     return app if app.is_file() else None
 
 

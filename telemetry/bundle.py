@@ -28,7 +28,6 @@ only what it has verified, in bounded time).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -42,16 +41,19 @@ from opentelemetry import trace
 from cache.snapshot import CacheSnapshot
 from telemetry import failure as failure_
 from telemetry import window as window_
+from telemetry.bundle_format import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    COUNTED_TABLES,
+    DIGESTED,
+    table_digest,
+)
 from telemetry.encode import dumps, journal_chunk
 from telemetry.replaycheck import replay_check
 from telemetry.store import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 
-BUNDLE_FORMAT = "radixscope.bundle"
-BUNDLE_VERSION = 2  # 2: the manifest digests the info rows; mutations digested from journal
 TRIGGER_ERROR = "error"
 TRIGGER_ON_DEMAND = "on_demand"
-COUNTED_TABLES = ("ops", "mutations", "keyframes", "metrics", "violations", "events")
-DIGESTED = (*COUNTED_TABLES, "info")
 
 
 def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None = None,
@@ -199,30 +201,6 @@ class _Rows:
 
     def counts(self) -> dict[str, int]:
         return {t: len(getattr(self, t)) for t in COUNTED_TABLES}
-
-
-def table_digest(con: sqlite3.Connection, table: str) -> str:
-    """SHA-256 over a table's rows in rowid order: the manifest's guard against damage.
-
-    ``mutations`` digests the ``journal`` table it is stored in (a view a file defines is
-    never run); ``info`` digests every info row but the manifest (``bundle``) itself, by key,
-    so everything the loader trusts is covered."""
-    h = hashlib.sha256()
-    if table == "info":
-        sql = "SELECT key, value FROM info WHERE key != 'bundle' ORDER BY key"
-    else:
-        sql = f"SELECT * FROM {'journal' if table == 'mutations' else table} ORDER BY rowid"
-    for row in con.execute(sql):
-        h.update(repr(row).encode())
-    return h.hexdigest()
-
-
-def row_count(con: sqlite3.Connection, table: str) -> int:
-    """Rows of a counted table; ``mutations``: the entries of the ``journal`` chunks."""
-    if table == "mutations":
-        return int(con.execute("SELECT coalesce(sum(json_array_length(data)), 0) FROM journal")
-                   .fetchone()[0])
-    return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
 def _caller_ids(ctx: Any) -> tuple[str | None, str | None]:

@@ -25,7 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 from cache.snapshot import CacheSnapshot
-from telemetry.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, DIGESTED, row_count, table_digest
+from telemetry.bundle_format import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    DIGESTED,
+    row_count,
+    table_digest,
+)
 from telemetry.reader import StoreReader
 from telemetry.shape import check_tree
 from telemetry.store import check_file, time_bound

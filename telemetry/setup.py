@@ -8,10 +8,11 @@ request spans) captured into the store through the global tracer provider.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from telemetry import backends
+from telemetry import backends, sinkbase
 from telemetry.exporters import StoreSpanProcessor
 from telemetry.handle import Telemetry
 from telemetry.health import Health
@@ -31,12 +32,12 @@ from telemetry.kvevents.config import resolve as resolve_kv_events
 from telemetry.names import DEFAULT_SERVICE_NAME
 from telemetry.pipeline import Pipeline
 from telemetry.recorder import TelemetryRecorder
-from telemetry.sink import Sink
+from telemetry.sink import Fanout
 from telemetry.spans import TracerSpans
 from telemetry.store import create_store, resolve_new_store
 from telemetry.store_writer import StoreWriter
 from telemetry.transport import InlineTransport, ProcessTransport
-from telemetry.writer import WriterSpec, publisher_for
+from telemetry.writer import WriterSpec
 
 MODES = ("process", "inline")
 AUTO = "auto"
@@ -55,6 +56,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
           overflow: str = "block", block_timeout_s: float = 2.0,
           drain_interval_s: float = 0.1, capture_context: bool = True,
           writer_nice: int = 10, flight_ring: int = 4096,
+          sinks: Mapping[str, Mapping[str, Any]] | None = None,
           kv_events: Any = None) -> Telemetry:
     """Start telemetry and return its handle.
 
@@ -87,8 +89,11 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         capture_context: capture the caller's OTel context per op (span parenting).
         writer_nice: niceness increment of the writer process (0 = same priority).
         flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
-        kv_events: publish vLLM-format KV events: an endpoint the PUB socket binds, a dict or
-            ``KvEventsConfig``; None = from ``RADIXSCOPE_KV_EVENTS``; False = off.
+        sinks: further outputs by registered name -> options (``telemetry/sinkbase.py``);
+            a new output is registered there, not added here as a parameter.
+        kv_events: shorthand for ``sinks={"kv_events": ...}`` (vLLM-format KV events): an
+            endpoint the PUB socket binds, a dict or ``KvEventsConfig``; None = from
+            ``RADIXSCOPE_KV_EVENTS``; False = off.
 
     Returns:
         The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes.
@@ -111,8 +116,11 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         raise ValueError(f"keyframe_every={keyframe_every!r}: must be an int >= 1")
     if sample_every_ms < 0:
         raise ValueError(f"sample_every_ms={sample_every_ms!r}: must be >= 0")
-    spec = _backend_spec(otlp, console, prometheus, service_name)
     kv_cfg = resolve_kv_events(kv_events)
+    if kv_cfg is not None:  # the documented shorthand for sinks={"kv_events": {...}}
+        sinks = {**(sinks or {}), "kv_events": dataclasses.asdict(kv_cfg)}
+    extra = sinkbase.check(sinks)
+    spec = _backend_spec(otlp, console, prometheus, service_name)
     backends.check_available(spec)
     path = _store_path(store, overwrite)
     settings = {"mode": mode, "keyframe_every": keyframe_every,
@@ -126,7 +134,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         create_store(path, settings, overwrite=overwrite)
     if mode == "process":
         wspec = WriterSpec(str(path) if path else None, spec, spans, metrics, keyframe_every,
-                           sample_every_ms, writer_nice, kv_events=kv_cfg)
+                           sample_every_ms, writer_nice, extra)
         transport: Any = ProcessTransport(wspec, health)
         tel = Telemetry(recorder, Pipeline(recorder, transport, health, drain_interval_s),
                         health, path, mode)
@@ -135,7 +143,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     else:
         tel = _inline(recorder, health, path, spec, spans, metrics, tracer_provider,
                       meter_provider, span_exporters, in_memory, capture_host_spans,
-                      keyframe_every, sample_every_ms, drain_interval_s, kv_cfg)
+                      keyframe_every, sample_every_ms, drain_interval_s, extra)
     _close_at_exit(tel)
     return tel
 
@@ -201,7 +209,7 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
             meter_provider: metrics_api.MeterProvider | None,
             span_exporters: Sequence[SpanExporter], in_memory: bool, capture_host_spans: bool,
             keyframe_every: int, sample_every_ms: float, drain_interval_s: float,
-            kv_cfg: Any = None) -> Telemetry:
+            extra: tuple[tuple[str, dict], ...] = ()) -> Telemetry:
     """Inline mode: the sink runs on the drain thread; cache spans go through a provider."""
     tp = mem_exp = None
     if spans:
@@ -229,11 +237,12 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
                 p.force_flush()
 
     resource = getattr(tp, "resource", None)
-    sink = Sink(Health(), store, TracerSpans(tp) if tp is not None else None, mp,
-                keyframe_every=keyframe_every, sample_every_ms=sample_every_ms,
-                flush_hook=flush_providers,
-                resource=dict(resource.attributes) if resource is not None else None,
-                taps=[publisher_for(kv_cfg, health)] if kv_cfg is not None else [])
+    sink_health = Health()
+    sink = Fanout(sink_health, store, TracerSpans(tp) if tp is not None else None, mp,
+                  keyframe_every=keyframe_every, sample_every_ms=sample_every_ms,
+                  flush_hook=flush_providers,
+                  resource=dict(resource.attributes) if resource is not None else None,
+                  extra=sinkbase.build(extra, sink_health))
     if store is not None and isinstance(tp, TracerProvider):
         tp.add_span_processor(StoreSpanProcessor(sink.put_span, health))
     tel = Telemetry(recorder, Pipeline(recorder, InlineTransport(sink), health, drain_interval_s),

@@ -1,10 +1,12 @@
-"""The sinks, composed: spans, metrics and the store, all fed from one message stream.
+"""The sinks, composed: spans, metrics, the store and any registered ``Sink``, fed from one stream.
 
-``Sink.handle`` takes a batch of messages (see ``telemetry/encode.py``), gives each op its span,
+``Fanout.handle`` takes a batch of messages (see ``telemetry/encode.py``), gives each op its span,
 updates the metrics, replays the mutations into its ``Journal``, writes everything to the store
 and commits once, adding a keyframe every ``keyframe_every`` mutations and a pool sample every
 ``sample_every_ms`` of cache time. The same class runs in the writer process (process mode) or
 on the drain thread (inline mode). Each step is guarded: a failure is logged and counted.
+Outputs beyond the built-in four are ``Sink`` objects (``telemetry/sinkbase.py``) in ``extra``:
+each gets the attach, every op batch with its accepted mutations, every event, flush and close.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from telemetry.health import Health, merge_stats
 from telemetry.journal import Journal
 from telemetry.metrics import CacheMetrics
 from telemetry.names import EVENT_ADMISSION, INSTRUMENTATION_SCOPE
+from telemetry.sinkbase import Sink
 from telemetry.spans import NO_IDS, DirectSpans, Ids, TracerSpans
 from telemetry.store_writer import StoreWriter
 
 
-class Sink:
-    """Consumes telemetry messages.
+class Fanout:
+    """Consumes telemetry messages and fans them out to every output.
 
     Args:
         health: this side's counters.
@@ -41,8 +44,7 @@ class Sink:
         sample_every_ms: cache time between pool samples in the store.
         flush_hook: called by ``flush`` (e.g. force-flushing providers).
         resource: attributes of the resource the cache's spans carry (stored in ``info``).
-        taps: further sinks fed the replica's changes (``attach(info, journal)``,
-            ``mutations(accepted, journal)``, ``flush()``, ``close()``): the KV-event publisher.
+        extra: registered sinks (``sinkbase.build``) fed beside the built-in outputs.
     """
 
     def __init__(self, health: Health, store: StoreWriter | None,
@@ -51,7 +53,7 @@ class Sink:
                  span_processors: Sequence[Any] = (), keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0,
                  flush_hook: Callable[[], None] | None = None,
-                 resource: dict | None = None, taps: Sequence[Any] = ()) -> None:
+                 resource: dict | None = None, extra: Sequence[Sink] = ()) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
         self.health = health
@@ -73,7 +75,7 @@ class Sink:
         self._last_end_ns = 0
         self._final: dict = {}
         self._resource = dict(resource or {})
-        self.taps = list(taps)
+        self.extra = list(extra)
 
     def put_span(self, span: Any) -> None:
         """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
@@ -123,15 +125,13 @@ class Sink:
         self.journal = Journal(snap, self.health)
         if self.metrics is not None:
             self.metrics.journal = self.journal
+        self._each("attach", info, snap, self.journal)
         if self.store is not None:
             self.store.set_info("cache", info)
             self.store.set_info("resource", self._resource)
             self.store.write_node_tokens((n.node_id, n.tokens) for n in snap.nodes)
             self.store.write_keyframe(snap.seq, snapshot)
             self.store.write_metrics(snap.seq, time.time_ns(), self.journal.pools())
-        for tap in self.taps:
-            with self.health.guard(f"tap.{type(tap).__name__}"):
-                tap.attach(info, self.journal)
 
     def _ops(self, ops: list[CompactOp], muts: list[tuple]) -> None:
         j = self.journal
@@ -139,15 +139,12 @@ class Sink:
         self.ops_seen += len(ops)
         if ops:
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
-        if j is not None:
-            for tap in self.taps:
-                with self.health.guard(f"tap.{type(tap).__name__}"):
-                    tap.mutations(accepted, j)
         ids = [self._span(op) for op in ops] if self.spans is not None else [NO_IDS] * len(ops)
         if self.metrics is not None:
             with self.health.guard("metrics"):
                 self.metrics.observe_ops(ops)
                 self.metrics.observe_mutations(accepted)
+        self._each("ops", ops, accepted)
         if self.store is None:
             return
         self.store.write_ops(ops, ids)
@@ -182,8 +179,15 @@ class Sink:
     def _event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
         if kind == EVENT_ADMISSION and self.metrics is not None:
             self.metrics.observe_admission(bool(attrs.get("admitted")))
+        self._each("event", ts_ns, seq, kind, attrs)
         if self.store is not None:
             self.store.write_event(ts_ns, seq, kind, attrs)
+
+    def _each(self, method: str, *args: Any) -> None:
+        """Call ``method`` on every registered sink, each guarded on its own."""
+        for sink in self.extra:
+            with self.health.guard(f"sink.{type(sink).__name__}.{method}"):
+                getattr(sink, method)(*args)
 
     def _drain_spans(self) -> None:
         q = self._span_q
@@ -211,9 +215,7 @@ class Sink:
             with self.health.guard("flush_hook"):
                 self._flush_hook()
         self._drain_spans()
-        for tap in self.taps:
-            with self.health.guard(f"tap.{type(tap).__name__}"):
-                tap.flush()
+        self._each("flush")
         if self.store is not None:
             with self.health.guard("store.flush"):
                 j = self.journal
@@ -250,9 +252,7 @@ class Sink:
                                                  "telemetry (killed or crashed)"})
         self._final = self.flush()
         self.closed = True
-        for tap in self.taps:
-            with self.health.guard(f"tap.{type(tap).__name__}"):
-                tap.close()
+        self._each("close")
         if self.store is not None:
             with self.health.guard("store.close"):
                 self.store.close()

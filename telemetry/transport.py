@@ -21,12 +21,11 @@ import time
 from multiprocessing.connection import Connection
 
 from telemetry.health import Health
-from telemetry.sink import Sink
+from telemetry.sink import Fanout
 from telemetry.writer import WriterSpec
 
-_PATH_ENV = "RADIXSCOPE_TELEMETRY_SYS_PATH"
-_BOOT = (f"import os, sys; sys.path[:0] = os.environ.pop({_PATH_ENV!r}, '').split(os.pathsep); "
-         "from telemetry.writer import main_from_fds; "
+# the writer's module by its own name, so the child imports the same installed package
+_BOOT = (f"import sys; from {WriterSpec.__module__} import main_from_fds; "
          "main_from_fds(int(sys.argv[1]), int(sys.argv[2]))")
 _F_SETPIPE_SZ = 1031  # Linux: grow the pipe so a batch rarely blocks the drain thread
 
@@ -39,9 +38,9 @@ def _grow_pipe(fd: int) -> None:
 
 
 class InlineTransport:
-    """Hands messages straight to a ``Sink`` in this process."""
+    """Hands messages straight to the ``Fanout`` in this process."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Fanout) -> None:
         self.sink = sink
 
     def send(self, messages: list[tuple]) -> None:
@@ -78,12 +77,10 @@ class ProcessTransport:
         data_r, data_w = os.pipe()
         ack_r, ack_w = os.pipe()
         _grow_pipe(data_w)
-        env = dict(os.environ)
-        env[_PATH_ENV] = os.pathsep.join(p for p in sys.path if p)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(data_r), str(ack_w)], pass_fds=(data_r, ack_w),
-                env=env, stdin=subprocess.DEVNULL, close_fds=True)
+                stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             os.close(data_r)
             os.close(ack_w)

@@ -4,7 +4,7 @@
 It builds the sinks from a picklable ``WriterSpec`` (the first message): span ids for every op,
 span objects and metric instruments only for configured exporters / readers, and the store;
 then loops: receive pickled message batches, coalesce what is already
-waiting, hand them to a ``Sink``, commit. ``("flush", token)`` and ``("close", token)`` are
+waiting, hand them to the ``Fanout``, commit. ``("flush", token)`` and ``("close", token)`` are
 answered on the acknowledgement pipe with the merged stats. End-of-file on the pipe (the host
 process died) closes the store, so a crash still leaves a readable store, and records that the
 run did not close telemetry (``info["closed"]["clean"]`` false).
@@ -24,9 +24,9 @@ from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 
-from telemetry import backends
+from telemetry import backends, sinkbase
 from telemetry.health import Health
-from telemetry.sink import Sink
+from telemetry.sink import Fanout
 from telemetry.spans import DirectSpans
 from telemetry.store_writer import StoreWriter
 
@@ -49,6 +49,7 @@ class WriterSpec:
         sample_every_ms: cache time between metric samples in the store.
         nice: niceness increment of the writer process, so that on a busy machine the cache's
             process gets the CPU first (the writer catches up when it idles).
+        sinks: registered sinks to build, ``((name, options), ...)`` (``telemetry/sinkbase.py``).
     """
 
     store: str | None
@@ -58,10 +59,10 @@ class WriterSpec:
     keyframe_every: int = 20000
     sample_every_ms: float = 100.0
     nice: int = 10
-    kv_events: Any = None  # a KvEventsConfig: publish KV events from this process
+    sinks: tuple[tuple[str, dict], ...] = ()
 
 
-def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
+def build_sink(spec: WriterSpec, health: Health) -> tuple[Fanout, list[Any]]:
     """The writer's sink and the providers / processors it owns (to shut down at the end).
 
     Spans: ids are assigned directly (``DirectSpans``); SDK span objects are only made when an
@@ -90,7 +91,6 @@ def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
             mp_ = MeterProvider(metric_readers=readers, resource=backends.resource(b))
             owned.append(mp_)
     store = StoreWriter(spec.store) if spec.store else None
-    taps = [publisher_for(spec.kv_events, health)] if spec.kv_events is not None else []
 
     def flush_exports() -> None:
         for p in procs or ():
@@ -98,17 +98,12 @@ def build_sink(spec: WriterSpec, health: Health) -> tuple[Sink, list[Any]]:
         if mp_ is not None:
             mp_.force_flush()
 
-    sink = Sink(health, store, spans, mp_, span_processors=procs or (),
-                keyframe_every=spec.keyframe_every, sample_every_ms=spec.sample_every_ms,
-                flush_hook=flush_exports,
-                resource=dict(backends.resource(b).attributes), taps=taps)
+    sink = Fanout(health, store, spans, mp_, span_processors=procs or (),
+                  keyframe_every=spec.keyframe_every, sample_every_ms=spec.sample_every_ms,
+                  flush_hook=flush_exports,
+                  resource=dict(backends.resource(b).attributes),
+                  extra=sinkbase.build(spec.sinks, health))
     return sink, owned
-
-
-def publisher_for(config: Any, health: Health) -> Any:
-    """The KV-event publisher (imported only when configured: it needs pyzmq and msgspec)."""
-    from telemetry.kvevents.publisher import KvEventPublisher
-    return KvEventPublisher(config, health)
 
 
 _GC_THRESHOLD = (100_000, 50, 1000)
@@ -152,7 +147,7 @@ def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
                 thing.shutdown()
 
 
-def _serve(conn: Connection, acks: Connection, sink: Sink) -> None:
+def _serve(conn: Connection, acks: Connection, sink: Fanout) -> None:
     while True:
         try:
             batches = [pickle.loads(conn.recv_bytes())]

@@ -22,7 +22,8 @@ import telemetry
 from cache import HiRadixCache
 from cache import events as ev
 from telemetry import keyframes
-from telemetry.bundle import table_digest, write_bundle
+from telemetry.bundle import write_bundle
+from telemetry.bundle_format import table_digest
 from telemetry.bundle_reader import load, load_bundle
 from telemetry.flight import KeyframedFlightRecorder
 from tests.cachekit import Driver, make_config

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # `streamlit run ui/app.py` puts ui/ on the path, not the repo root
-    sys.path.insert(0, _ROOT)
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from ui import context  # noqa: E402
-from ui.store_arg import looks_live, store_from_args  # noqa: E402
+from ui import context
+from ui.store_arg import looks_live, store_from_args
 
 st.set_page_config(page_title="radixscope", page_icon=":material/account_tree:", layout="wide")
 

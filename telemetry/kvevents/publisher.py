@@ -37,15 +37,16 @@ _TOUCHING = frozenset((ev.NODE_CREATE, ev.NODE_SPLIT, ev.NODE_DELETE, ev.COMP_ST
 
 
 class KvEventPublisher:
-    """Publishes our cache's blocks. ``attach`` / ``mutations`` / ``flush`` / ``close`` are
-    called by ``Sink`` (the tap hooks) on its own thread.
+    """Publishes our cache's blocks: a ``Sink`` registered as ``kv_events``
+    (``telemetry/sinkbase.py``), called by the fan-out on its own thread.
 
     Args:
-        config: endpoints and buffer sizes.
         health: the sink side's counters (``kv_events.*`` notes, ``kv_events`` failures).
+        **options: the ``KvEventsConfig`` fields (endpoints and buffer sizes).
     """
 
-    def __init__(self, config: KvEventsConfig, health: Health) -> None:
+    def __init__(self, health: Health, **options: object) -> None:
+        config = KvEventsConfig(**options)  # type: ignore[arg-type]
         self.config = config
         self.health = health
         self.topic = config.topic.encode()
@@ -83,8 +84,9 @@ class KvEventPublisher:
         self._stopped = False
 
     # ---- sink hooks -------------------------------------------------------------------------
-    def attach(self, info: dict, journal: object) -> None:
-        """The cache attached: publish ``AllBlocksCleared`` and whatever it already holds."""
+    def attach(self, info: dict, snapshot: object, journal: object) -> None:
+        """The cache attached: publish ``AllBlocksCleared`` and whatever it already holds
+        (read from the fan-out's journal replica, which ``ops`` then finds up to date)."""
         cfg = info.get("config", {})
         comps = list(journal.components)  # type: ignore[attr-defined]
         self._journal = journal
@@ -99,9 +101,10 @@ class KvEventPublisher:
         events += self._diff([n for n in nodes if n != 0])
         self._send(events)
 
-    def mutations(self, accepted: list[tuple], journal: object) -> None:
-        """Publish what a batch of mutations (already applied to ``journal``) changed."""
-        if self._journal is None or self._stopped:
+    def ops(self, ops: object, accepted: list[tuple]) -> None:
+        """Publish what a batch of mutations (already applied to the replica) changed."""
+        journal = self._journal
+        if journal is None or self._stopped:
             return
         if journal.broken:  # type: ignore[attr-defined]
             # records were dropped upstream: what is resident is unknown from here on
@@ -125,6 +128,9 @@ class KvEventPublisher:
             events = self._diff(list(touched))
             if events:
                 self._send(events)
+
+    def event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
+        """Engine events carry no blocks."""
 
     def flush(self) -> None:
         """Nothing is held back: every batch is sent when it is handled."""

@@ -28,6 +28,7 @@ from telemetry.store_writer import StoreWriter
 
 MAX_FRAME_BYTES = 64 << 20
 REPLAY_TIMEOUT_S = 2.0
+IDLE_REPLAY_S = 1.0  # quiet this long with a replay socket: ask it for anything missed
 
 
 def to_i64(h: int | None) -> int | None:
@@ -82,16 +83,22 @@ class Watcher:
         poller = zmq.Poller()
         poller.register(self._sub, zmq.POLLIN)
         end = None if max_s is None else time.monotonic() + max_s
-        last_commit = time.monotonic()
+        last_commit = last_rx = time.monotonic()
         try:
             while not self._stop.is_set() and (end is None or time.monotonic() < end):
                 if poller.poll(50):
+                    last_rx = time.monotonic()
                     for _ in range(1000):
                         try:
                             frames = self._sub.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._message(frames)
+                elif self.replay and time.monotonic() - last_rx >= IDLE_REPLAY_S:
+                    # a PUB socket drops what a subscriber joining late (or a lost tail)
+                    # never sees, and no later message reveals it: ask the replay socket
+                    self._catch_up()
+                    last_rx = time.monotonic()
                 if time.monotonic() - last_commit >= self.commit_every_s:
                     self._flush(live=True)
                     last_commit = time.monotonic()
@@ -145,11 +152,29 @@ class Watcher:
                 self._apply(s, got[s])
                 self.tree.counts["replayed"] += 1
             else:
-                if self.gaps and self.gaps[-1][1] == s - 1:
-                    self.gaps[-1][1] = s
-                else:
-                    self.gaps.append([s, s])
-                self.tree.counts["missed_messages"] += 1
+                self._missed(s)
+        self._gap_event(start)
+
+    def _catch_up(self) -> None:
+        """Apply whatever the replay socket holds past the last seq seen (none seen: from 0)."""
+        start = self.expected if self.expected is not None else 0
+        got = self._request_replay(start, 1 << 62)
+        for s in sorted(got):
+            for missing in range(start, s):  # older than what the engine still buffers
+                self._missed(missing)
+            self._gap_event(start)
+            self._apply(s, got[s])
+            self.tree.counts["replayed"] += 1
+            start = s + 1
+
+    def _missed(self, s: int) -> None:
+        if self.gaps and self.gaps[-1][1] == s - 1:
+            self.gaps[-1][1] = s
+        else:
+            self.gaps.append([s, s])
+        self.tree.counts["missed_messages"] += 1
+
+    def _gap_event(self, start: int) -> None:
         if self.gaps and self.gaps[-1][1] >= start:
             g = self.gaps[-1]
             self.store.write_event(time.time_ns(), self.tree.seq, "kv_events.gap",
