@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from cache import CacheConfig, HiRadixCache, TokenKey
-from cache.events import FlightRecorder, NullRecorder
+from radixscope.cache import CacheConfig, HiRadixCache, TokenKey
+from radixscope.cache.events import FlightRecorder, NullRecorder
 
 SYS_LEN, TURN = 64, 32
 OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")

@@ -27,7 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.run import RunSpec, execute
+from radixscope.engine.run import RunSpec, execute
 
 
 def one(spec: RunSpec) -> dict:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from cache import CacheConfig, HiRadixCache  # noqa: E402
+from radixscope.cache import CacheConfig, HiRadixCache  # noqa: E402
 
 _NONE = torch.empty(0, dtype=torch.int64)
 

@@ -38,7 +38,7 @@ for p in (ROOT, ROOT / "bench"):
 
 import bench_telemetry as bt  # noqa: E402
 
-import telemetry  # noqa: E402
+from radixscope import telemetry  # noqa: E402
 
 
 def free_port() -> int:

@@ -6,9 +6,9 @@ insert -> unlock -> poll), run in one process with three recorders, interleaved 
 repetitions (median reported):
 
 - ``null``: the cache's default ``NullRecorder`` (nothing recorded);
-- ``flight``: ``cache.events.FlightRecorder`` (rings only; a bundle after the ring wrapped holds
+- ``flight``: ``radixscope.cache.events.FlightRecorder`` (rings only; a bundle after the ring wrapped holds
   the failure state but cannot rebuild earlier seqs);
-- ``keyframed``: ``telemetry.flight.KeyframedFlightRecorder`` (mutations leaving the ring are
+- ``keyframed``: ``radixscope.telemetry.capture.flight.KeyframedFlightRecorder`` (mutations leaving the ring are
   replayed into a keyframe, so every seq in the window can be rebuilt).
 
 The ring is deliberately small (``--capacity``) so it wraps many times and the keyframe cost is
@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from bench_telemetry import ChatWorkload, make_cache
 
-from cache.events import FlightRecorder
-from telemetry.bundle import write_bundle
-from telemetry.bundle_reader import load_bundle
-from telemetry.flight import KeyframedFlightRecorder
+from radixscope.cache.events import FlightRecorder
+from radixscope.telemetry.analysis.load import load_bundle
+from radixscope.telemetry.capture.bundle import write_bundle
+from radixscope.telemetry.capture.flight import KeyframedFlightRecorder
 
 KINDS = ("null", "flight", "keyframed")
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
+from radixscope.cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
 
 SCALES = {"1k": 1_000, "100k": 100_000}
 SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
@@ -149,7 +149,7 @@ class Run:
         gc.collect()
         rss0 = rss()
         if telemetry_on:
-            import telemetry
+            from radixscope import telemetry
             self.store = os.path.join(store_dir, f"{label}.db")
             self.tel = telemetry.setup(store=self.store, overwrite=True)
             recorder = self.tel.recorder

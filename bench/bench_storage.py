@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from cache.storage import (  # noqa: E402
+from radixscope.cache.storage import (  # noqa: E402
     FileBackend,
     Fingerprint,
     HostPages,
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--backends", default="file,redis,mooncake")
     args = ap.parse_args()
-    from tests.storagekit import MooncakeCluster, RedisServer, mooncake_missing
+    from tests.kits.storagekit import MooncakeCluster, RedisServer, mooncake_missing
 
     page_bytes = host_pages(0).page_nbytes
     print(f"page: {LAYERS} layers x 2 x {PAGE} tokens x {HEADS} heads x {HEAD_DIM} dim bf16 = "
@@ -106,7 +106,7 @@ def main() -> None:
             if name == "file":
                 backend: StorageBackend = FileBackend(Path(tmp) / "l3")
             elif name == "redis":
-                from cache.storage import RedisBackend
+                from radixscope.cache.storage import RedisBackend
 
                 server = RedisServer(Path(tmp))
                 server.start()
@@ -117,7 +117,7 @@ def main() -> None:
                 if why:
                     print(f"{name:<14}skipped: {why}")
                     continue
-                from cache.storage import MooncakeBackend
+                from radixscope.cache.storage import MooncakeBackend
 
                 cluster = MooncakeCluster(Path(tempfile.mkdtemp(dir=tmp)), segment="512MB")
                 cluster.start()

@@ -42,18 +42,18 @@ from pathlib import Path
 
 import torch
 
-import telemetry
-from cache import CacheConfig, HiRadixCache
-from cache.events import Recorder
+from radixscope import telemetry
+from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.events import Recorder
 
 
 # ---- workloads -------------------------------------------------------------------------------
 def engine_workload(requests: int, seed: int):
     """The engine's chat workload; returns ``prepare(recorder, tel) -> run``."""
-    from engine import workloads
-    from engine.engine import Engine
-    from engine.instrument import TimedCache
-    from engine.run import RunSpec
+    from radixscope.engine import workloads
+    from radixscope.engine.engine import Engine
+    from radixscope.engine.instrument import TimedCache
+    from radixscope.engine.run import RunSpec
 
     spec = RunSpec(workload="chat", requests=requests, seed=seed)
     cfg = spec.cache_config()
@@ -267,9 +267,9 @@ def stages(name: str, prepare, reps: int, tmp: Path) -> None:
     in an order rotated by one each rep (a run right after another one is measurably slower
     here, so a fixed order would favour the first stage); the cache thread's CPU time and wall
     time per stage, best and median of ``reps``."""
-    from telemetry.health import Health
-    from telemetry.pipeline import Pipeline
-    from telemetry.recorder import TelemetryRecorder
+    from radixscope.telemetry.record.drain import Pipeline
+    from radixscope.telemetry.record.drops import Health
+    from radixscope.telemetry.record.recorder import TelemetryRecorder
 
     res: dict[str, list[tuple[float, float]]] = {s: [] for s in STAGES}
     for rep in range(reps):

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-import telemetry
-from cache import CacheConfig, HiRadixCache
-from cache.snapshot import replay
-from ui.shaping.icicle import icicle_figure
-from ui.shaping.lod import lod_sectors
-from ui.shaping.synthetic import synthetic_snapshot
-from ui.shaping.tree import tree_model
+from radixscope import telemetry
+from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.snapshot import replay
+from radixscope.ui.shaping.icicle import icicle_figure
+from radixscope.ui.shaping.lod import lod_sectors
+from radixscope.ui.shaping.synthetic import synthetic_snapshot
+from radixscope.ui.shaping.tree import tree_model
 
 
 def _ms(fn, reps: int) -> tuple[float, object]:

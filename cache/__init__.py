@@ -12,31 +12,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cache.lazy import lazy_exports
+from radixscope.cache.lazy import lazy_exports
 
 _EXPORTS = {
-    "CacheConfig": "cache.config",
-    "HiRadixCache": "cache.hiradix",
-    "TokenKey": "cache.keys",
-    "CacheOutOfMemory": "cache.errors",
-    "InvariantViolation": "cache.errors",
-    "StaleHandle": "cache.errors",
-    "MatchResult": "cache.results",
-    "InsertResult": "cache.results",
-    "LockReceipt": "cache.results",
-    "EvictResult": "cache.results",
-    "LoadBackResult": "cache.results",
-    "TransferId": "cache.results",
+    "CacheConfig": "radixscope.cache.config",
+    "HiRadixCache": "radixscope.cache.hiradix",
+    "TokenKey": "radixscope.cache.keys",
+    "CacheOutOfMemory": "radixscope.cache.errors",
+    "InvariantViolation": "radixscope.cache.errors",
+    "StaleHandle": "radixscope.cache.errors",
+    "MatchResult": "radixscope.cache.results",
+    "InsertResult": "radixscope.cache.results",
+    "LockReceipt": "radixscope.cache.results",
+    "EvictResult": "radixscope.cache.results",
+    "LoadBackResult": "radixscope.cache.results",
+    "TransferId": "radixscope.cache.results",
 }
 
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from cache.config import CacheConfig
-    from cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
-    from cache.hiradix import HiRadixCache
-    from cache.keys import TokenKey
-    from cache.results import (
+    from radixscope.cache.config import CacheConfig
+    from radixscope.cache.errors import CacheOutOfMemory, InvariantViolation, StaleHandle
+    from radixscope.cache.hiradix import HiRadixCache
+    from radixscope.cache.keys import TokenKey
+    from radixscope.cache.results import (
         EvictResult,
         InsertResult,
         LoadBackResult,

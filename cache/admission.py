@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cache.keys import ceil_paged
-from cache.results import MatchResult
-from cache.state import DEVICE
+from radixscope.cache.keys import ceil_paged
+from radixscope.cache.results import MatchResult
+from radixscope.cache.state import DEVICE
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ component's host copies.
 
 from __future__ import annotations
 
-from cache.results import EvictResult
-from cache.state import DEVICE, HOST, CacheCore
-from cache.tree import Node
+from radixscope.cache.results import EvictResult
+from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.tree import Node
 
 
 class _Acc:
@@ -70,7 +70,7 @@ def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
             and node.data[comp.index].lock_ref == 0]
     if (core.config.write_policy == "write_back" and core.config.has_host
             and any(node.data[cj].host_value is None for cj in drop)):
-        from cache import transfers  # local: transfers imports eviction for host room
+        from radixscope.cache import transfers  # local: transfers imports eviction for host room
         transfers.backup_sync(core, node, set(drop))
     for cj in drop:
         comp = core.comps[cj]
@@ -91,7 +91,7 @@ def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> bool:
     its own failed): then the unpinned host-only subtree is dropped with it; if anything in that
     subtree is pinned, the node stays resident (it is skipped, not corrupted). Returns whether
     the node was evicted."""
-    from cache import transfers  # local: transfers imports eviction for host room
+    from radixscope.cache import transfers  # local: transfers imports eviction for host room
 
     f = node.data[0]
     if f.host_value is None and core.config.write_policy == "write_back" and core.config.has_host:

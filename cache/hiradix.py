@@ -12,17 +12,23 @@ import itertools
 
 import torch
 
-from cache import admission as _admission
-from cache import events as ev
-from cache import eviction, guards, insertion, invariants, transfers
-from cache.config import CacheConfig
-from cache.errors import InvariantViolation
-from cache.events import Recorder
-from cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
-from cache.results import InsertResult, LoadBackResult, LockReceipt, MatchResult, TransferId
-from cache.snapshot import CacheSnapshot
-from cache.state import DEVICE, HOST, TIERS, CacheCore
-from cache.tree import Node
+from radixscope.cache import admission as _admission
+from radixscope.cache import events as ev
+from radixscope.cache import eviction, guards, insertion, invariants, transfers
+from radixscope.cache.config import CacheConfig
+from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.events import Recorder
+from radixscope.cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
+from radixscope.cache.results import (
+    InsertResult,
+    LoadBackResult,
+    LockReceipt,
+    MatchResult,
+    TransferId,
+)
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.cache.state import DEVICE, HOST, TIERS, CacheCore
+from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -381,7 +387,7 @@ class HiRadixCache(CacheCore):
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see
-        ``cache.admission.Admission``. ``fits`` is the decision. Read-only."""
+        ``radixscope.cache.admission.Admission``. ``fits`` is the decision. Read-only."""
         if isinstance(match, MatchResult):
             guards.check_handle(self, match, "MatchResult")
         return _admission.admission(self, match, extend_len, chunk_tokens)
@@ -409,11 +415,11 @@ class HiRadixCache(CacheCore):
     def dump_bundle(self, path=None, *, note: str | None = None):
         """Write a crash bundle now (tree, flight-recorder tail, config, pools, metrics).
 
-        Needs a writer installed by ``telemetry.crash.install_crash_bundles(cache, directory)``
+        Needs a writer installed by ``telemetry.capture.crash.install_crash_bundles(cache, directory)``
         (the cache never imports telemetry). Returns what the writer returns (the path)."""
         if self.bundle_writer is None:
             raise RuntimeError("no bundle writer installed: call "
-                               "telemetry.crash.install_crash_bundles(cache, directory)")
+                               "telemetry.capture.crash.install_crash_bundles(cache, directory)")
         return self.bundle_writer(path, note=note)
 
     def snapshot(self) -> CacheSnapshot:

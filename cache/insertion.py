@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from cache import eviction, transfers
-from cache.keys import match_len
-from cache.results import InsertResult
-from cache.state import DEVICE
-from cache.tree import Node
+from radixscope.cache import eviction, transfers
+from radixscope.cache.keys import match_len
+from radixscope.cache.results import InsertResult
+from radixscope.cache.state import DEVICE
+from radixscope.cache.tree import Node
 
 
 def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from cache import events as ev
-from cache.errors import InvariantViolation
-from cache.snapshot import (
+from radixscope.cache import events as ev
+from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.snapshot import (
     CacheSnapshot,
     ComponentState,
     LockSnapshot,
@@ -18,7 +18,7 @@ from cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from cache.state import DEVICE, HOST, TIERS
+from radixscope.cache.state import DEVICE, HOST, TIERS
 
 
 def check(core) -> None:  # noqa: C901 - a flat list of checks reads best

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from cache.config import CacheConfig
+from radixscope.cache.config import CacheConfig
 
 # a free-page list entry (a pointer plus an int object) and a bitmap byte per page
 BOOKKEEPING_BYTES_PER_PAGE = 40

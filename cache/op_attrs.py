@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cache import events as ev
+from radixscope.cache import events as ev
 
 
 def _match(cache, out, args) -> dict:

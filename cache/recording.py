@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 
-from cache import events as ev
-from cache.events import NULL_RECORDER, Recorder
-from cache.op_attrs import OP_ATTRS
+from radixscope.cache import events as ev
+from radixscope.cache.events import NULL_RECORDER, Recorder
+from radixscope.cache.op_attrs import OP_ATTRS
 
 if TYPE_CHECKING:
-    from cache.tree import Node
+    from radixscope.cache.tree import Node
 
 log = logging.getLogger("radixscope.cache")
 TIERS = (ev.TIER_DEVICE, ev.TIER_HOST)
@@ -50,7 +50,7 @@ class Recording:
         self._depth = 0
         self.recorder_errors = 0
         self.error_hook = None  # called with (op, exception) when an operation raises
-        self.bundle_writer = None  # set by telemetry.crash.install_crash_bundles
+        self.bundle_writer = None  # set by telemetry.capture.crash.install_crash_bundles
 
     def _run(self, op: str, req_id, fn, *args):
         """Run one public operation ``fn(*args)`` and record it (the hot path of every op).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cache import events as ev
+from radixscope.cache import events as ev
 
 STATE_DEVICE = "device"
 STATE_HOST = "host"

@@ -15,15 +15,15 @@ from collections import OrderedDict
 
 import torch
 
-from cache import events as ev
-from cache.components import build_components
-from cache.config import CacheConfig
-from cache.errors import CacheOutOfMemory
-from cache.events import Recorder
-from cache.memory import check_fits
-from cache.pools import KVPool, StatePool
-from cache.recording import Recording
-from cache.tree import Node, RadixTree
+from radixscope.cache import events as ev
+from radixscope.cache.components import build_components
+from radixscope.cache.config import CacheConfig
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.events import Recorder
+from radixscope.cache.memory import check_fits
+from radixscope.cache.pools import KVPool, StatePool
+from radixscope.cache.recording import Recording
+from radixscope.cache.tree import Node, RadixTree
 
 log = logging.getLogger("radixscope.cache")
 
@@ -398,7 +398,7 @@ class CacheCore(Recording):
             self._compact_heaps()
 
     def node(self, node_id: int) -> Node:
-        from cache.errors import StaleHandle
+        from radixscope.cache.errors import StaleHandle
         if isinstance(node_id, bool) or not isinstance(node_id, int):
             raise TypeError(f"node must be an int node id, got {node_id!r}")
         n = self.tree.nodes.get(node_id)

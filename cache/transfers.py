@@ -17,12 +17,12 @@ from collections import OrderedDict
 
 import torch
 
-from cache import events as ev
-from cache import eviction
-from cache.errors import StaleHandle
-from cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
-from cache.state import DEVICE, HOST, CacheCore
-from cache.tree import Node
+from radixscope.cache import events as ev
+from radixscope.cache import eviction
+from radixscope.cache.errors import StaleHandle
+from radixscope.cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
+from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.tree import Node
 
 
 class _Pending:

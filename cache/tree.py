@@ -11,7 +11,7 @@ from array import array
 
 import torch
 
-from cache.keys import child_key, empty_key, match_len
+from radixscope.cache.keys import child_key, empty_key, match_len
 
 ROOT_ID = 0
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 from opentelemetry import trace
 
-from cache.errors import CacheOutOfMemory
-from cache.keys import ceil_paged
-from engine.lifecycle import Driver
-from engine.model import ContentMismatch
-from engine.paths import window_indices
-from engine.request import DECODE, PREFILL, Sequence
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.keys import ceil_paged
+from radixscope.engine.lifecycle import Driver
+from radixscope.engine.model import ContentMismatch
+from radixscope.engine.paths import window_indices
+from radixscope.engine.request import DECODE, PREFILL, Sequence
 
 ADMITTED, REFUSED, REJECTED = "admitted", "refused", "rejected"
 
@@ -40,7 +40,7 @@ class Admitter:
 
     Args:
         driver: runs the admitted requests (first chunk, retraction on a violation).
-        telemetry: the ``telemetry.Telemetry`` handle (admission events, violations) or None.
+        telemetry: the ``radixscope.telemetry.Telemetry`` handle (admission events, violations) or None.
     """
 
     def __init__(self, driver: Driver, telemetry=None) -> None:

@@ -5,7 +5,7 @@ writes a bundle before the exception reaches the engine; out-of-memory is not bu
 engine handles it (the request waits). A content mismatch and an exception inside the engine
 itself are bundled on demand (``engine.run.execute``), and so is the live cache when the
 process gets ``SIGUSR1`` (serviced between steps, on the cache's thread).
-Notebooks open bundles with ``telemetry.bundle_reader`` (see docs/postmortem.md).
+Notebooks open bundles with ``telemetry.analysis.load`` (see docs/postmortem.md).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from cache.errors import CacheOutOfMemory
-from telemetry.crash import SignalTrigger, install_crash_bundles
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.telemetry.capture.crash import SignalTrigger, install_crash_bundles
 
 
 class RunBundles:

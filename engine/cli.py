@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cache.config import PRESETS, WRITE_POLICIES
-from engine.run import SIZE_FIELDS, RunSpec
-from engine.workloads import WORKLOADS
-from telemetry.kvevents import cli as kv_cli
+from radixscope.cache.config import PRESETS, WRITE_POLICIES
+from radixscope.engine.run import SIZE_FIELDS, RunSpec
+from radixscope.engine.workloads import WORKLOADS
+from radixscope.telemetry.kvevents import cli as kv_cli
 
 DEFAULT_STORE = "runs/latest.db"
 EXIT_BAD_INPUT = 2
@@ -121,7 +121,7 @@ def _check_store_target(path: str) -> None:
     if p.is_dir():
         raise bad("is a directory, not a store file")
     if p.exists():
-        from telemetry import open_store
+        from radixscope.telemetry import open_store
         try:
             open_store(p).close()
         except (ValueError, FileNotFoundError):
@@ -142,9 +142,9 @@ def _check_store_target(path: str) -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from engine.progress import ProgressBar
-    from engine.run import execute
-    from engine.summary import format_summary, summarize
+    from radixscope.engine.progress import ProgressBar
+    from radixscope.engine.run import execute
+    from radixscope.engine.summary import format_summary, summarize
 
     store = None if ns.no_store else ns.store
     if store is not None:
@@ -181,7 +181,7 @@ def _draw(bar, engine) -> None:
 
 
 def _open_checked(path: str, command: str):
-    from telemetry import open_store
+    from radixscope.telemetry import open_store
     try:
         return open_store(path)
     except FileNotFoundError:
@@ -191,7 +191,7 @@ def _open_checked(path: str, command: str):
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from engine.doctor import diagnose
+    from radixscope.engine.doctor import diagnose
 
     _open_checked(ns.store, "doctor").close()
     try:
@@ -205,7 +205,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def ui_app_path() -> Path | None:
     """The UI's Streamlit entrypoint (``ui/app.py``), or None when the UI is not installed."""
     try:  # the installed package's file (imports the ui package, not the app itself)
-        spec = importlib.util.find_spec("ui.app")
+        spec = importlib.util.find_spec("radixscope.ui.app")
     except ModuleNotFoundError:
         return None
     if spec is None or spec.origin is None:
@@ -266,7 +266,7 @@ def cmd_ui(ns: argparse.Namespace) -> int:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from telemetry import export_perfetto
+    from radixscope.telemetry import export_perfetto
 
     _open_checked(ns.store, "export").close()
     out = Path(ns.perfetto)

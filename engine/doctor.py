@@ -1,7 +1,7 @@
 """``radixscope doctor STORE``: what a store says about a run, in plain words.
 
 The cache's state at the store's last seq (rebuilt from the journal) explained by
-``telemetry.doctor`` (budget per component and tier, what looks wrong), then the invariant and
+``telemetry.analysis.doctor`` (budget per component and tier, what looks wrong), then the invariant and
 integrity violations the run recorded, the admission decisions, and telemetry's own health; and
 first, whether the run finished cleanly (a killed run's store is never "healthy").
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from telemetry import open_store
-from telemetry.doctor import ERROR, doctor_report, findings
+from radixscope.telemetry import open_store
+from radixscope.telemetry.analysis.doctor import ERROR, doctor_report, findings
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from cache.errors import CacheOutOfMemory
-from engine import names
-from engine.admit import ADMITTED, REJECTED, Admitter
-from engine.lifecycle import DecodeBatch, Driver
-from engine.model import StandInModel, prefix_hashes
-from engine.request import DECODE, FINISHED, PREFILL, RequestSpec, Sequence
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.engine import names
+from radixscope.engine.admit import ADMITTED, REJECTED, Admitter
+from radixscope.engine.lifecycle import DecodeBatch, Driver
+from radixscope.engine.model import StandInModel, prefix_hashes
+from radixscope.engine.request import DECODE, FINISHED, PREFILL, RequestSpec, Sequence
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Engine:
         cache: the engine's cache handle.
         requests: the workload.
         config: scheduler knobs.
-        telemetry: the ``telemetry.Telemetry`` handle (admission events, violations) or None.
+        telemetry: the ``radixscope.telemetry.Telemetry`` handle (admission events, violations) or None.
         model_name: ``gen_ai.request.model`` of the request spans.
         on_step: called after every step with the engine (progress bars, fault injection).
     """

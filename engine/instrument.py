@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 
-from cache import events as ev
-from cache.errors import InvariantViolation
-from cache.events import OpRecord, Recorder
+from radixscope.cache import events as ev
+from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.events import OpRecord, Recorder
 
 
 class CountingRecorder(Recorder):

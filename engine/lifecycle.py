@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from opentelemetry import trace
 
-from cache.errors import CacheOutOfMemory
-from cache.keys import ceil_paged
-from engine.model import StandInModel
-from engine.request import DECODE, QUEUED, Sequence
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.keys import ceil_paged
+from radixscope.engine.model import StandInModel
+from radixscope.engine.request import DECODE, QUEUED, Sequence
 
 _NONE = torch.empty(0, dtype=torch.int64)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from cache.config import CacheConfig
+from radixscope.cache.config import CacheConfig
 
 M1, P1 = 2_147_483_647, 1_000_003  # two 31-bit primes and bases: a 62-bit prefix hash
 M2, P2 = 2_147_483_629, 999_983

@@ -79,7 +79,7 @@ class Sequence:
     swa: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     swa_evicted_len: int = 0
     mamba_slot: torch.Tensor | None = None
-    receipt: object = None  # cache.results.LockReceipt
+    receipt: object = None  # radixscope.cache.results.LockReceipt
     anchor: int = 0  # the node the lock is anchored on
     span: object = None  # the request's OTel span
     attempts: int = 0  # admission attempts

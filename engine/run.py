@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from cache.config import PRESETS, CacheConfig
-from cache.errors import InvariantViolation
-from cache.hiradix import HiRadixCache
-from cache.memory import check_fits
-from engine import workloads
-from engine.bundles import RunBundles
-from engine.engine import Engine, EngineConfig, EngineStuck
-from engine.instrument import CountingRecorder, OpViolation, TimedCache
-from engine.model import ContentMismatch
+from radixscope.cache.config import PRESETS, CacheConfig
+from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.hiradix import HiRadixCache
+from radixscope.cache.memory import check_fits
+from radixscope.engine import workloads
+from radixscope.engine.bundles import RunBundles
+from radixscope.engine.engine import Engine, EngineConfig, EngineStuck
+from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCache
+from radixscope.engine.model import ContentMismatch
 
 Hook = Callable[[Engine], None]
 PRESET_OF_COMPONENTS = {("full",): "full", ("full", "swa"): "swa", ("full", "mamba"): "mamba",
@@ -118,7 +118,7 @@ class RunResult:
 def _open_telemetry(path: str | None, mode: str):
     if path is None:
         return None
-    import telemetry
+    from radixscope import telemetry
 
     # process mode (the CLI) routes this process's spans (the request spans) into the store
     # through the global tracer provider; inline mode (tests) leaves the global provider alone

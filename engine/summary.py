@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cache import events as ev
-from engine.run import RunResult
+from radixscope.cache import events as ev
+from radixscope.engine.run import RunResult
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def format_summary(s: Summary) -> str:
     if s.store:
         lines.append(f"  store        {s.store} (radixscope ui {s.store})")
     for b in s.bundles:
-        lines.append(f"  bundle       {b} (telemetry.bundle_reader.load_bundle; "
+        lines.append(f"  bundle       {b} (telemetry.analysis.load.load_bundle; "
                      "notebooks/postmortem.ipynb)")
     return "\n".join(lines)
 

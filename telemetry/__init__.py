@@ -11,34 +11,34 @@ embedded SQLite store that rebuilds the tree at any seq.
 See ``docs/telemetry.md`` for every span, attribute, metric and table.
 
 The names below are imported on first use (PEP 562): the writer process imports
-``telemetry.writer`` without pandas (the reader's) or torch (the cache's).
+``telemetry.sinks.writer_process`` without pandas (the reader's) or torch (the cache's).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cache.lazy import lazy_exports
+from radixscope.cache.lazy import lazy_exports
 
 _EXPORTS = {
-    "setup": "telemetry.setup",
-    "Telemetry": "telemetry.handle",
-    "TelemetryRecorder": "telemetry.recorder",
-    "Health": "telemetry.health",
-    "open_store": "telemetry.reader",
-    "StoreReader": "telemetry.reader",
-    "export_perfetto": "telemetry.perfetto",
+    "setup": "radixscope.telemetry.setup",
+    "Telemetry": "radixscope.telemetry.handle",
+    "TelemetryRecorder": "radixscope.telemetry.record.recorder",
+    "Health": "radixscope.telemetry.record.drops",
+    "open_store": "radixscope.telemetry.store.reader",
+    "StoreReader": "radixscope.telemetry.store.reader",
+    "export_perfetto": "radixscope.telemetry.store.perfetto",
 }
 
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from telemetry.handle import Telemetry
-    from telemetry.health import Health
-    from telemetry.perfetto import export_perfetto
-    from telemetry.reader import StoreReader, open_store
-    from telemetry.recorder import TelemetryRecorder
-    from telemetry.setup import setup
+    from radixscope.telemetry.handle import Telemetry
+    from radixscope.telemetry.record.drops import Health
+    from radixscope.telemetry.record.recorder import TelemetryRecorder
+    from radixscope.telemetry.setup import setup
+    from radixscope.telemetry.store.perfetto import export_perfetto
+    from radixscope.telemetry.store.reader import StoreReader, open_store
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

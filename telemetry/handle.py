@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from telemetry.health import Health, merge_stats
-from telemetry.names import EVENT_ADMISSION
-from telemetry.pipeline import Pipeline
-from telemetry.reader import StoreReader
-from telemetry.recorder import TelemetryRecorder
+from radixscope.telemetry.names import EVENT_ADMISSION
+from radixscope.telemetry.record.drain import Pipeline
+from radixscope.telemetry.record.drops import Health, merge_stats
+from radixscope.telemetry.record.recorder import TelemetryRecorder
+from radixscope.telemetry.store.reader import StoreReader
 
 
 class Telemetry:

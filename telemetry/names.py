@@ -4,12 +4,12 @@ OpenTelemetry naming rules hold for all of them: lowercase, dot-separated namesp
 parts, low-cardinality span names, and no attribute name that is also a namespace of another.
 Node ids, receipt ids and request ids appear on spans only; metric labels are limited to the
 closed sets listed in ``METRIC_LABELS``. ``docs/telemetry.md`` lists every name here and
-``tests/test_telemetry_names.py`` holds the two equal.
+``tests/telemetry/test_telemetry_names.py`` holds the two equal.
 """
 
 from __future__ import annotations
 
-from cache import events as ev
+from radixscope.cache import events as ev
 
 INSTRUMENTATION_SCOPE = "radixscope.telemetry"
 DEFAULT_SERVICE_NAME = "radixscope"

@@ -24,20 +24,21 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from telemetry import backends, sinkbase
-from telemetry.exporters import StoreSpanProcessor
-from telemetry.handle import Telemetry
-from telemetry.health import Health
-from telemetry.kvevents.config import resolve as resolve_kv_events
-from telemetry.names import DEFAULT_SERVICE_NAME
-from telemetry.pipeline import Pipeline
-from telemetry.recorder import TelemetryRecorder
-from telemetry.sink import Fanout
-from telemetry.spans import TracerSpans
-from telemetry.store import create_store, resolve_new_store
-from telemetry.store_writer import StoreWriter
-from telemetry.transport import InlineTransport, ProcessTransport
-from telemetry.writer import WriterSpec
+from radixscope.telemetry.handle import Telemetry
+from radixscope.telemetry.kvevents.config import resolve as resolve_kv_events
+from radixscope.telemetry.names import DEFAULT_SERVICE_NAME
+from radixscope.telemetry.record.drain import Pipeline
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.record.recorder import TelemetryRecorder
+from radixscope.telemetry.sinks import base as sinkbase
+from radixscope.telemetry.sinks import otel_exporters as backends
+from radixscope.telemetry.sinks.fanout import Fanout
+from radixscope.telemetry.sinks.otel_processors import StoreSpanProcessor
+from radixscope.telemetry.sinks.spans import TracerSpans
+from radixscope.telemetry.sinks.transport import InlineTransport, ProcessTransport
+from radixscope.telemetry.sinks.writer_process import WriterSpec
+from radixscope.telemetry.store.schema import create_store, resolve_new_store
+from radixscope.telemetry.store.writer import StoreWriter
 
 MODES = ("process", "inline")
 AUTO = "auto"
@@ -89,7 +90,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         capture_context: capture the caller's OTel context per op (span parenting).
         writer_nice: niceness increment of the writer process (0 = same priority).
         flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
-        sinks: further outputs by registered name -> options (``telemetry/sinkbase.py``);
+        sinks: further outputs by registered name -> options (``telemetry/sinks/base.py``);
             a new output is registered there, not added here as a parameter.
         kv_events: shorthand for ``sinks={"kv_events": ...}`` (vLLM-format KV events): an
             endpoint the PUB socket binds, a dict or ``KvEventsConfig``; None = from

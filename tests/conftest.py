@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.storagekit import mooncake_cluster, redis_server  # noqa: F401 -- shared fixtures
+from tests.kits.storagekit import mooncake_cluster, redis_server  # noqa: F401 -- shared fixtures
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,8 +11,8 @@ import sys
 
 import streamlit as st
 
-from ui import context
-from ui.store_arg import looks_live, store_from_args
+from radixscope.ui import context
+from radixscope.ui.store_arg import looks_live, store_from_args
 
 st.set_page_config(page_title="radixscope", page_icon=":material/account_tree:", layout="wide")
 

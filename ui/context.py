@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from ui import data
-from ui.store_arg import confine, root_from_args
+from radixscope.ui import data
+from radixscope.ui.store_arg import confine, root_from_args
 
 PATH_KEY = "store_path"
 LIVE_KEY = "live"

@@ -20,11 +20,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from cache.snapshot import CacheSnapshot
-from telemetry import StoreReader, open_store
-from ui.shaping import budgets as bud
-from ui.shaping import ops as ops_shape
-from ui.shaping.tree import TreeModel, tree_model
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry import StoreReader, open_store
+from radixscope.ui.shaping import budgets as bud
+from radixscope.ui.shaping import ops as ops_shape
+from radixscope.ui.shaping.tree import TreeModel, tree_model
 
 Identity = tuple[int, int] | None
 

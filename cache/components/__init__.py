@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from cache.components.base import Component
-from cache.components.full import FullComponent
-from cache.components.mamba import MambaComponent
-from cache.components.swa import SwaComponent
+from radixscope.cache.components.base import Component
+from radixscope.cache.components.full import FullComponent
+from radixscope.cache.components.mamba import MambaComponent
+from radixscope.cache.components.swa import SwaComponent
 
 REGISTRY: dict[str, type[Component]] = {
     "full": FullComponent,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cache.tree import ComponentData, Node
+from radixscope.cache.tree import ComponentData, Node
 
 
 class Component:

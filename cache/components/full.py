@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cache.components.base import Component
-from cache.tree import Node
+from radixscope.cache.components.base import Component
+from radixscope.cache.tree import Node
 
 
 class FullComponent(Component):

@@ -6,8 +6,8 @@ A split leaves the new parent without state; locks pin the anchor only; the per-
 
 from __future__ import annotations
 
-from cache.components.base import Component
-from cache.tree import ComponentData, Node
+from radixscope.cache.components.base import Component
+from radixscope.cache.tree import ComponentData, Node
 
 
 class MambaComponent(Component):

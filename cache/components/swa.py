@@ -9,9 +9,9 @@ FULL stays), leaves included: SWA pressure never deletes FULL data.
 
 from __future__ import annotations
 
-from cache.components.base import Component
-from cache.keys import ceil_paged
-from cache.tree import Node
+from radixscope.cache.components.base import Component
+from radixscope.cache.keys import ceil_paged
+from radixscope.cache.tree import Node
 
 
 class SwaComponent(Component):

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from cache.storage import codec
-from cache.storage.pages import HostPages, as_bytes
-from cache.storage.results import BatchResult, ExistsResult, PageStatus, StorageStats
+from radixscope.cache.storage import codec
+from radixscope.cache.storage.pages import HostPages, as_bytes
+from radixscope.cache.storage.results import BatchResult, ExistsResult, PageStatus, StorageStats
 
 MAX_BATCH = 128
 

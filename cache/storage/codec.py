@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from cache.storage.results import PageStatus
+from radixscope.cache.storage.results import PageStatus
 
 MAGIC = b"RSKV"
 VERSION = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from cache.storage.base import StorageBackend
+from radixscope.cache.storage.base import StorageBackend
 
 
 def _int(q: dict[str, list[str]], name: str) -> int | None:
@@ -26,7 +26,7 @@ def open_backend(spec: str) -> StorageBackend:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"storage spec must be a non-empty str, got {spec!r}")
     if spec.startswith("file:"):
-        from cache.storage.file_backend import FileBackend
+        from radixscope.cache.storage.file_backend import FileBackend
 
         path, _, query = spec[5:].partition("?")
         if not path:
@@ -35,13 +35,13 @@ def open_backend(spec: str) -> StorageBackend:
     u = urlsplit(spec)
     q = parse_qs(u.query)
     if u.scheme == "redis":
-        from cache.storage.redis_backend import RedisBackend
+        from radixscope.cache.storage.redis_backend import RedisBackend
 
         url = f"redis://{u.netloc}{u.path}"
         return RedisBackend(url, prefix=q.get("prefix", ["rs:kv:"])[-1],
                             maxmemory=_int(q, "maxmemory"))
     if u.scheme == "mooncake":
-        from cache.storage.mooncake_backend import MooncakeBackend
+        from radixscope.cache.storage.mooncake_backend import MooncakeBackend
 
         if "metadata" not in q:
             raise ValueError(f"storage spec {spec!r}: mooncake needs ?metadata=URL")

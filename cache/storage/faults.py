@@ -23,8 +23,8 @@ import random
 import threading
 import time
 
-from cache.storage.base import StorageBackend
-from cache.storage.results import PageStatus
+from radixscope.cache.storage.base import StorageBackend
+from radixscope.cache.storage.results import PageStatus
 
 
 class InjectedFault(ConnectionError):

@@ -25,9 +25,9 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 
-from cache.storage import codec
-from cache.storage.base import MAX_BATCH, StorageBackend
-from cache.storage.results import PageStatus
+from radixscope.cache.storage import codec
+from radixscope.cache.storage.base import MAX_BATCH, StorageBackend
+from radixscope.cache.storage.results import PageStatus
 
 _SAFE = re.compile(r"[0-9a-f.]{1,200}")
 _SUFFIX = ".kv"

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cache.storage.base import MAX_BATCH, StorageBackend
-from cache.storage.results import PageStatus
+from radixscope.cache.storage.base import MAX_BATCH, StorageBackend
+from radixscope.cache.storage.results import PageStatus
 
 LEASE_HELD = -706  # remove() while a reader's lease is held
 NOT_FOUND = -704

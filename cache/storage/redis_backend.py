@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cache.storage.base import MAX_BATCH, StorageBackend
-from cache.storage.results import PageStatus
+from radixscope.cache.storage.base import MAX_BATCH, StorageBackend
+from radixscope.cache.storage.results import PageStatus
 
 
 class RedisBackend(StorageBackend):

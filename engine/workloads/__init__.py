@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from engine.request import RequestSpec
-from engine.workloads import agentic, chat, fewshot, synthetic, trace
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads import agentic, chat, fewshot, synthetic, trace
 
 GENERATORS: dict[str, Callable[..., list[RequestSpec]]] = {
     "chat": chat.generate,

@@ -7,8 +7,8 @@ contexts); its output is the next action. The next iteration arrives when the to
 
 from __future__ import annotations
 
-from engine.request import RequestSpec
-from engine.workloads.base import Tokens, check_count, spread
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads.base import Tokens, check_count, spread
 
 
 def generate(n: int, seed: int = 0, *, preambles: int = 2,

@@ -8,8 +8,8 @@ memory, so later turns exercise host backup and load-back.
 
 from __future__ import annotations
 
-from engine.request import RequestSpec
-from engine.workloads.base import Tokens, check_count, spread
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads.base import Tokens, check_count, spread
 
 
 def generate(n: int, seed: int = 0, *, system_prompts: int = 4,

@@ -6,8 +6,8 @@ stays hot while rarely used tasks age out of device memory and come back from ho
 
 from __future__ import annotations
 
-from engine.request import RequestSpec
-from engine.workloads.base import Tokens, check_count, spread
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads.base import Tokens, check_count, spread
 
 
 def generate(n: int, seed: int = 0, *, tasks: int = 8, examples: tuple[int, int] = (4, 8),

@@ -7,8 +7,8 @@ occasional reuse of arbitrary, partly evicted prefixes.
 
 from __future__ import annotations
 
-from engine.request import RequestSpec
-from engine.workloads.base import Tokens, check_count, spread
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads.base import Tokens, check_count, spread
 
 
 def generate(n: int, seed: int = 0, *, prompt_len: tuple[int, int] = (64, 768),

@@ -18,8 +18,8 @@ import json
 import random
 from pathlib import Path
 
-from engine.request import RequestSpec
-from engine.workloads.base import VOCAB, Tokens
+from radixscope.engine.request import RequestSpec
+from radixscope.engine.workloads.base import VOCAB, Tokens
 
 DEFAULT_BLOCK = 64
 

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from telemetry.kvevents.config import ENV_ENDPOINT, ENV_REPLAY
+from radixscope.telemetry.kvevents.config import ENV_ENDPOINT, ENV_REPLAY
 
 
 def add_watch_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,7 @@ def apply_run_options(ns: argparse.Namespace) -> None:
 
 
 def cmd_watch(ns: argparse.Namespace) -> int:
-    from telemetry.kvevents.watch import Watcher
+    from radixscope.telemetry.kvevents.watch import Watcher
 
     try:
         w = Watcher(ns.endpoint, ns.store, replay=ns.replay, topic=ns.topic,

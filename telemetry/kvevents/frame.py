@@ -14,7 +14,7 @@ import sqlite3
 
 import pandas as pd
 
-from telemetry.kvevents.blocks import snapshot_blocks
+from radixscope.telemetry.kvevents.blocks import snapshot_blocks
 
 COLUMNS = ["medium", "group", "hash", "parent_hash", "token_ids", "stored_seq"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
-from telemetry.kvevents.wire import Cleared, Decoded, Removed, Stored
+from radixscope.telemetry.kvevents.wire import Cleared, Decoded, Removed, Stored
 
 MEDIUM_TIERS = {"GPU": "device", "CPU": "host", "CPU_PINNED": "host"}
 _SLOT = {"device": 0, "host": 1}

@@ -20,10 +20,9 @@ from collections.abc import Iterable
 
 import zmq
 
-from cache import events as ev
-from telemetry.health import Health
-from telemetry.kvevents import wire
-from telemetry.kvevents.blocks import (
+from radixscope.cache import events as ev
+from radixscope.telemetry.kvevents import wire
+from radixscope.telemetry.kvevents.blocks import (
     TIER_MEDIA,
     BlockKey,
     NodeHashes,
@@ -31,14 +30,15 @@ from telemetry.kvevents.blocks import (
     medium_for,
     node_blocks,
 )
-from telemetry.kvevents.config import KvEventsConfig
+from radixscope.telemetry.kvevents.config import KvEventsConfig
+from radixscope.telemetry.record.drops import Health
 
 _TOUCHING = frozenset((ev.NODE_CREATE, ev.NODE_SPLIT, ev.NODE_DELETE, ev.COMP_STATE))
 
 
 class KvEventPublisher:
     """Publishes our cache's blocks: a ``Sink`` registered as ``kv_events``
-    (``telemetry/sinkbase.py``), called by the fan-out on its own thread.
+    (``telemetry/sinks/base.py``), called by the fan-out on its own thread.
 
     Args:
         health: the sink side's counters (``kv_events.*`` notes, ``kv_events`` failures).

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import zmq
 
-from telemetry.kvevents import wire
-from telemetry.kvevents.ingest import BlockChange, EngineTree
-from telemetry.store import create_store, resolve_new_store
-from telemetry.store_writer import StoreWriter
+from radixscope.telemetry.kvevents import wire
+from radixscope.telemetry.kvevents.ingest import BlockChange, EngineTree
+from radixscope.telemetry.store.schema import create_store, resolve_new_store
+from radixscope.telemetry.store.writer import StoreWriter
 
 MAX_FRAME_BYTES = 64 << 20
 REPLAY_TIMEOUT_S = 2.0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from telemetry import doctor
-from ui import context, data
-from ui.shaping import budgets as bud
+from radixscope.telemetry.analysis import doctor
+from radixscope.ui import context, data
+from radixscope.ui.shaping import budgets as bud
 
 ctx = context.require_store()
 REPLAY_LIMIT = 200_000  # mutations replayed by default (about 5 s)

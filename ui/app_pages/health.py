@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from telemetry import doctor
-from ui import context, data
-from ui.shaping import health
+from radixscope.telemetry.analysis import doctor
+from radixscope.ui import context, data
+from radixscope.ui.shaping import health
 
 ctx = context.require_store()
 COLOURS = {"error": "red", "warning": "orange", "info": "blue"}

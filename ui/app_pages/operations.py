@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from telemetry.explain import explain_miss
-from ui import context, data
-from ui.shaping import ops as ops_shape
+from radixscope.telemetry.analysis.miss.explain import explain_miss
+from radixscope.ui import context, data
+from radixscope.ui.shaping import ops as ops_shape
 
 ctx = context.require_store()
 
@@ -81,7 +81,7 @@ def _op_detail(op) -> None:
 
 
 def _why(op) -> None:
-    """The miss explainer (``telemetry.explain``) for the selected match op."""
+    """The miss explainer (``telemetry.analysis.miss.explain``) for the selected match op."""
     try:
         why = explain_miss(data.reader(ctx.path), str(op["req_id"]), op_id=int(op["op_id"]))
     except ValueError as e:

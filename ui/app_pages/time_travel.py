@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import context, data
-from ui.shaping import diff as diff_shape
-from ui.shaping import health
-from ui.views.tree_view import render_tree
+from radixscope.ui import context, data
+from radixscope.ui.shaping import diff as diff_shape
+from radixscope.ui.shaping import health
+from radixscope.ui.views.tree_view import render_tree
 
 ctx = context.require_store()
 KEY = "tt"

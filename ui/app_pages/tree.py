@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import context
-from ui.views.tree_view import render_tree, select
+from radixscope.ui import context
+from radixscope.ui.views.tree_view import render_tree, select
 
 ctx = context.require_store()
 KEY = "tree"

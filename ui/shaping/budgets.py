@@ -15,9 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from cache.snapshot import CacheSnapshot
-from telemetry.health import Health
-from telemetry.journal import Journal
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.sinks.journal import Journal
 
 STACK = ("available", "evictable", "protected", "in_flight", "held")
 STACK_COLORS = {"available": "#ced4da", "evictable": "#2a9d8f", "protected": "#e4572e",
@@ -87,7 +87,7 @@ METRIC_COLUMNS = ("seq", "ts_ns", "component", "tier", "capacity", "available", 
 
 def replayed_pools(start: CacheSnapshot, mutations: Sequence[tuple], points: int = 400
                    ) -> pd.DataFrame:
-    """Pool ledgers rebuilt from the journal (``telemetry.journal.Journal``), in the shape of
+    """Pool ledgers rebuilt from the journal (``radixscope.telemetry.sinks.journal.Journal``), in the shape of
     ``StoreReader.metrics()``: one row per pool at ``start.seq``, then after roughly every
     ``ceil(len(mutations) / points)`` mutations, always at the end of an op (a state half way
     through an op is not one the cache was ever seen in), and after the last mutation. Exact

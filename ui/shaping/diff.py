@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from cache import events as ev
-from cache.snapshot import CacheSnapshot
+from radixscope.cache import events as ev
+from radixscope.cache.snapshot import CacheSnapshot
 
 ADDED, REMOVED, RESIZED, REFS = "added", "removed", "resized", "refs"
 

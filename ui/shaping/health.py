@@ -1,5 +1,5 @@
 """Health: recorded invariant violations tied to the op that caused them, each violation line as
-a row, the snapshot doctor (``telemetry.doctor``) and the telemetry's own health in words."""
+a row, the snapshot doctor (``telemetry.analysis.doctor``) and the telemetry's own health in words."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 import pandas as pd
 
-from cache.snapshot import CacheSnapshot
-from telemetry import doctor
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.analysis import doctor
 
 _LINE = re.compile(r"^\s*\[(?P<check>[^\]]+)\]\s+node=(?P<node>None|-?\d+):\s*(?P<detail>.*)$")
 
@@ -58,7 +58,7 @@ def violation_lines(message: str) -> pd.DataFrame:
 
 
 def findings_table(snap: CacheSnapshot) -> pd.DataFrame:
-    """``telemetry.doctor.findings`` as ``severity, subject, message`` rows."""
+    """``telemetry.analysis.doctor.findings`` as ``severity, subject, message`` rows."""
     return pd.DataFrame([(f.severity, f.subject, f.message) for f in doctor.findings(snap)],
                         columns=["severity", "subject", "message"])
 

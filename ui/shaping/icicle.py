@@ -12,9 +12,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.shaping import states as st_
-from ui.shaping.lod import KIND_FOLD
-from ui.shaping.tree import TreeModel
+from radixscope.ui.shaping import states as st_
+from radixscope.ui.shaping.lod import KIND_FOLD
+from radixscope.ui.shaping.tree import TreeModel
 
 HOVER = ("<b>%{customdata[0]}</b><br>%{value} tokens in subtree (own %{customdata[1]})"
          "<br>prefix ends at token %{customdata[2]}<br>%{customdata[3]}<br>%{customdata[4]}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import networkx as nx
 import pandas as pd
 
-from cache import events as ev
-from cache.snapshot import CacheSnapshot
-from ui.shaping import states as st_
-from ui.shaping.tree import ROOT_ID, TreeModel
+from radixscope.cache import events as ev
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.ui.shaping import states as st_
+from radixscope.ui.shaping.tree import ROOT_ID, TreeModel
 
 
 def node_facts(model: TreeModel, node_id: int) -> dict:

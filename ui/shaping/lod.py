@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ui.shaping import states as st_
-from ui.shaping.tree import ROOT_ID, TreeModel
+from radixscope.ui.shaping import states as st_
+from radixscope.ui.shaping.tree import ROOT_ID, TreeModel
 
 FOLD_PREFIX = "fold-"
 KIND_NODE = "node"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from cache import events as ev
+from radixscope.cache import events as ev
 
 OP_COLUMNS = ("op_id", "op", "req_id", "node", "t_ms", "duration_us", "seq", "mutations",
               "error", "details", "trace_id", "span_id")

@@ -1,13 +1,19 @@
 """The display states a node's component can be drawn in, their colours and their words.
 
-``cache.snapshot.ComponentState.state`` says where the data lives (device, host, both, nowhere);
+``radixscope.cache.snapshot.ComponentState.state`` says where the data lives (device, host, both, nowhere);
 the UI adds two overriding states: *in flight* (a transfer that touches the node for that
 component has not been acked) and *locked* (a device lock or a host reference pins it).
 """
 
 from __future__ import annotations
 
-from cache.snapshot import STATE_BOTH, STATE_DEVICE, STATE_HOST, STATE_TOMBSTONE, ComponentState
+from radixscope.cache.snapshot import (
+    STATE_BOTH,
+    STATE_DEVICE,
+    STATE_HOST,
+    STATE_TOMBSTONE,
+    ComponentState,
+)
 
 DEVICE = "device"
 BOTH = "device+host"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from cache.snapshot import (
+from radixscope.cache.snapshot import (
     CacheSnapshot,
     ComponentState,
     LockSnapshot,

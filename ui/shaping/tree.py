@@ -28,9 +28,9 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 
-from cache.snapshot import CacheSnapshot
-from telemetry.doctor import unit_of
-from ui.shaping import states as st_
+from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.analysis.doctor import unit_of
+from radixscope.ui.shaping import states as st_
 
 ROOT_ID = 0
 

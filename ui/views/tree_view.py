@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import data
-from ui.shaping import inspect as insp
-from ui.shaping import states as st_
-from ui.shaping.icicle import icicle_figure
-from ui.shaping.lod import lod_sectors, lod_summary, node_of_sector
-from ui.shaping.tree import ROOT_ID, TreeModel, node_label, state_summary
+from radixscope.ui import data
+from radixscope.ui.shaping import inspect as insp
+from radixscope.ui.shaping import states as st_
+from radixscope.ui.shaping.icicle import icicle_figure
+from radixscope.ui.shaping.lod import lod_sectors, lod_summary, node_of_sector
+from radixscope.ui.shaping.tree import ROOT_ID, TreeModel, node_label, state_summary
 
 ALL = "all, side by side"
 DETAIL = {"coarse": 0.01, "normal": 0.002, "fine": 0.0005}

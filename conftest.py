@@ -1,8 +1,0 @@
-"""Make the repo importable without installation (``python -m pytest`` from a fresh clone)."""
-
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))

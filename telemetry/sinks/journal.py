@@ -1,0 +1,226 @@
+"""The sinks' replica of the cache state: the mutation journal replayed as it arrives.
+
+``Journal`` feeds every accepted mutation to a ``SnapshotBuilder`` started from the snapshot the
+cache gave at ``attach``, so the sinks can write keyframes (``snapshot()``) without asking the
+cache anything. It also keeps each pool's evictable / protected / in-flight counts incrementally
+(the same derivation ``SnapshotBuilder.snapshot`` does by a full scan), which is what the OTel
+gauges and the store's metric samples read. Mutations must arrive in seq order; a late one is
+skipped and a gap (records dropped upstream) is counted and remembered, since no state after it
+can be rebuilt exactly: the replica then stops (``broken``), while the mutations themselves are
+still accepted for the store.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+from radixscope.cache import events as ev
+from radixscope.cache.snapshot import CacheSnapshot, SnapshotBuilder
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.store.keyframes import TokenRefs
+
+PoolKey = tuple[str, str]  # (component, tier)
+
+
+class Journal:
+    """Replays the mutation stream and keeps per-pool ledgers.
+
+    Args:
+        start: the snapshot the cache passed to ``attach``.
+        health: counters for gaps and late mutations.
+    """
+
+    def __init__(self, start: CacheSnapshot, health: Health) -> None:
+        self.health = health
+        self.builder = SnapshotBuilder(start)
+        self.token_refs = TokenRefs(start)
+        self.components = start.components
+        self._ci = {c: i for i, c in enumerate(start.components)}
+        self.gaps: list[tuple[int, int]] = []  # (last seq before, first seq after)
+        self.applied = 0
+        self.last_seq = start.seq
+        self.broken = False  # after a gap the replica stops; keyframes and samples stop with it
+        order = {c: i for i, c in enumerate(start.components)}
+        pools = sorted(start.pools, key=lambda p: (order[p.component], p.tier != ev.TIER_DEVICE))
+        self.capacity: dict[PoolKey, int] = {(p.component, p.tier): p.capacity for p in pools}
+        self.available: dict[PoolKey, int] = {(p.component, p.tier): p.available
+                                              for p in start.pools}
+        self.evictable: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
+        self.protected: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
+        self.in_flight: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
+        self._dkey = {c: (c, ev.TIER_DEVICE) if (c, ev.TIER_DEVICE) in self.capacity else None
+                      for c in self.components}
+        self._hkey = {c: (c, ev.TIER_HOST) if (c, ev.TIER_HOST) in self.capacity else None
+                      for c in self.components}
+        for nid, rec in self.builder.nodes.items():
+            if nid != 0:
+                for c, st in zip(self.components, rec[5], strict=True):
+                    self._delta(c, st, +1)
+        for t in self.builder.transfers.values():
+            self._transfer(t.tier, t.amounts, +1)
+
+    @property
+    def seq(self) -> int:
+        return self.builder.seq
+
+    def accept(self, mutations: list[tuple]) -> list[tuple]:
+        """Apply mutations in seq order and return those accepted (late ones are skipped).
+
+        Args:
+            mutations: mutation tuples ``(seq, op_id, kind, node, comp, tier, value)``.
+
+        Returns:
+            The accepted mutations, sorted by seq, for the store to write.
+        """
+        ms = sorted(mutations, key=_SEQ)
+        out: list[tuple] = []
+        for m in ms:
+            seq = m[0]
+            last = self.last_seq
+            if seq != last + 1:
+                if seq <= last:
+                    self.health.note("late_mutations")
+                    continue
+                self.gaps.append((last, seq))
+                self.health.note("journal_gaps")
+                self.broken = True  # the replica cannot follow a journal with holes
+            self.last_seq = seq
+            out.append(m)
+            if not self.broken:
+                try:
+                    self._apply(m)
+                except Exception as e:  # noqa: BLE001 - guard point: stop replaying, keep storing
+                    self.broken = True
+                    self.health.fail("journal.replay", e, f"mutation {seq} ({m[2]})")
+        if not self.broken:
+            self.applied += len(out)
+        return out
+
+    def snapshot(self) -> CacheSnapshot:
+        """The replayed state at ``self.seq``."""
+        return self.builder.snapshot()
+
+    def keyframe_dict(self) -> dict:
+        """``self.snapshot().to_dict()``, built straight from the replica and the ledgers
+        (no frozen snapshot, no per-pool scan of every node), with each node's tokens given
+        as a reference ``[origin, start, end]`` into the ``node_tokens`` table
+        (``token_refs``; see ``telemetry.store.keyframes``): what a keyframe stores."""
+        b = self.builder
+        refs = self.token_refs.refs
+        order = {c: i for i, c in enumerate(self.components)}
+        return {
+            "seq": b.seq,
+            "page_size": b.page_size,
+            "components": list(self.components),
+            "token_refs": 1,
+            "nodes": [[nid, r[0], r[1], refs[nid], r[3], r[4], r[5]]
+                      for nid, r in sorted(b.nodes.items())],
+            "pools": [list(p) for p in self.pools()],
+            "locks": [[rid, owner, anchor, tier,
+                       [[c, list(ids)] for c, ids in sorted(pins.items(),
+                                                           key=lambda kv: order[kv[0]])]]
+                      for rid, (owner, anchor, tier, pins) in sorted(b.locks.items())],
+            "transfers": [[t.transfer_id, t.kind, t.anchor, t.tier, list(t.node_ids),
+                           [[c, a] for c, a in t.amounts]]
+                          for _, t in sorted(b.transfers.items())],
+        }
+
+    def pools(self) -> list[tuple[str, str, int, int, int, int, int]]:
+        """``(component, tier, capacity, available, evictable, protected, in_flight)`` per pool."""
+        return [(k[0], k[1], self.capacity[k], self.available[k], self.evictable[k],
+                 self.protected[k], self.in_flight[k]) for k in self.capacity]
+
+    # ---- incremental ledgers ----------------------------------------------------------------
+    def _apply(self, m: tuple) -> None:
+        seq, _op, kind, node, comp, tier, value = m
+        b = self.builder
+        nodes = b.nodes
+        if kind == ev.COMP_STATE:  # the most frequent kind: applied here, as the builder would
+            states = nodes[node][5]
+            ci = self._ci[comp]
+            if node != 0:
+                self._delta(comp, states[ci], -1)
+                self._delta(comp, value, +1)
+            states[ci] = list(value)
+            b.seq = seq
+        elif kind == ev.POOL_AVAILABLE:
+            b.pools[(comp, tier)][1] = value
+            self.available[(comp, tier)] = value
+            b.seq = seq
+        elif kind in (ev.LOCK_ACQUIRE, ev.LOCK_RELEASE):
+            self._lock_moves(kind == ev.LOCK_ACQUIRE, tier, value[2] if kind == ev.LOCK_ACQUIRE
+                             else value[1])
+            b.apply(m)
+        elif kind == ev.NODE_CREATE:
+            self.token_refs.create(node, len(value[2]))
+            b.apply(m)
+        elif kind == ev.NODE_SPLIT:
+            self.token_refs.split(node, value[0], value[1])
+            b.apply(m)
+        elif kind == ev.NODE_DELETE:
+            self.token_refs.delete(node)
+            rec = nodes.get(node)
+            if rec is not None and node != 0:
+                for c, st in zip(self.components, rec[5], strict=True):
+                    self._delta(c, st, -1)
+            b.apply(m)
+        elif kind == ev.TRANSFER_START:
+            b.apply(m)
+            self._transfer(tier, value[3], +1)
+        elif kind == ev.TRANSFER_DONE:
+            t = b.transfers.get(value[0])
+            b.apply(m)
+            if t is not None:
+                self._transfer(t.tier, t.amounts, -1)
+        else:
+            b.apply(m)
+
+    def _lock_moves(self, acquire: bool, tier: str, pins) -> None:
+        """Ledgers for a lock taken or released (before the builder applies it): a pinned
+        node's value on the lock's tier moves between evictable and protected exactly when its
+        ref count on that tier crosses zero (``lock_ref`` guards the device value,
+        ``host_ref`` the host value)."""
+        device = tier == ev.TIER_DEVICE
+        ref, val = (2, 0) if device else (3, 1)
+        crossing = 0 if acquire else 1
+        nodes = self.builder.nodes
+        for c, ids in pins:
+            key = (self._dkey if device else self._hkey)[c]
+            if key is None:
+                continue
+            ci = self._ci[c]
+            moved = 0
+            for nid in ids:
+                if nid:
+                    st = nodes[nid][5][ci]
+                    if st[ref] == crossing and st[val] is not None:
+                        moved += st[val]
+            if moved:
+                if acquire:
+                    self.evictable[key] -= moved
+                    self.protected[key] += moved
+                else:
+                    self.protected[key] -= moved
+                    self.evictable[key] += moved
+
+    def _delta(self, comp: str, state, sign: int) -> None:
+        """Add (``sign=+1``) or remove one node-component state's slots to the ledgers."""
+        dev, host, lock_ref, host_ref = state
+        if dev is not None:
+            key = self._dkey[comp]
+            if key is not None:
+                (self.protected if lock_ref > 0 else self.evictable)[key] += sign * dev
+        if host is not None:
+            key = self._hkey[comp]
+            if key is not None:
+                (self.protected if host_ref > 0 else self.evictable)[key] += sign * host
+
+    def _transfer(self, tier: str, amounts: Iterable, sign: int) -> None:
+        for c, a in amounts:
+            key = (c, tier)
+            if key in self.in_flight:
+                self.in_flight[key] += sign * a
+
+
+_SEQ = operator.itemgetter(0)

@@ -1,0 +1,203 @@
+"""The ``radixscope`` CLI: a real run in a subprocess writes a store that ``doctor`` and
+``export`` read, request spans parent the cache's spans, and bad input gives one line on stderr
+and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixscope.engine.cli import main, ui_app_path
+from radixscope.telemetry import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--workload", "fewshot", "--requests", "20", "--device-tokens", "1024",
+         "--host-tokens", "2048", "--swa-device-tokens", "512", "--swa-host-tokens", "1024",
+         "--mamba-slots", "12", "--mamba-host-slots", "24", "--chunk-tokens", "64",
+         "--prefill-budget", "128", "--max-running", "6"]
+
+
+def radixscope(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "radixscope.engine.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    p = radixscope(["run", *SMALL, "--store", "runs/small.db", "--check-invariants"], d)
+    assert p.returncode == 0, p.stderr
+    return d, p
+
+
+def test_run_prints_the_summary(run_dir):
+    d, p = run_dir
+    out = p.stdout.splitlines()
+    assert out[0] == "radixscope run: workload fewshot, preset hybrid (full+swa+mamba), " \
+                     "write_through"
+    assert out[1].startswith("  requests     20 finished, 0 rejected of 20; ")
+    labels = [line[2:15].strip() for line in out if line.startswith("  ") and line[2] != " "]
+    assert labels == ["requests", "time", "hit rate", "evictions", "backups", "load-backs",
+                      "op latency", "content", "budget", "invariants", "store"]
+    assert "  invariants   ok (check() after every step)" in out
+    assert [line.split()[0] for line in out[4:7]] == ["full", "swa", "mamba"]
+    assert (d / "runs" / "small.db").is_file()
+    assert p.stderr == ""  # no TTY: no progress bar
+
+
+def test_doctor_reads_the_store(run_dir, capsys):
+    d, _ = run_dir
+    assert main(["doctor", str(d / "runs" / "small.db")]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].endswith("full+swa+mamba cache, page size 1, journal up to seq "
+                                         + text.splitlines()[0].rsplit(" ", 1)[1])
+    assert "  full/device: 1024 tokens = " in text and "  mamba/host: 24 states = " in text
+    assert "violations: none recorded" in text
+    assert "admissions: 20 admitted;" in text
+    assert text.rstrip().endswith("verdict: healthy")
+
+
+def test_request_spans_parent_cache_spans(run_dir):
+    d, _ = run_dir
+    with open_store(d / "runs" / "small.db") as r:
+        spans = r.spans()
+        events = r.events("admission")
+    req = spans[spans["name"] == "text_completion standin-hybrid"]
+    assert len(req) == 20
+    a = req.iloc[0]["attributes"]
+    assert a["gen_ai.operation.name"] == "text_completion"
+    assert a["gen_ai.usage.input_tokens"] > a["gen_ai.usage.cache_read.input_tokens"] >= 0
+    assert a["kv_cache.request.id"].startswith("fewshot-")
+    by_span = dict(zip(req["span_id"], req["attributes"], strict=True))
+    cache = spans[spans["name"].str.startswith("kv_cache.")]
+    children = cache[cache["parent_span_id"].isin(by_span)]
+    assert {"kv_cache.match", "kv_cache.alloc", "kv_cache.insert", "kv_cache.lock",
+            "kv_cache.unlock"} <= set(children["name"])
+    for parent, attrs in zip(children["parent_span_id"], children["attributes"], strict=True):
+        assert attrs["kv_cache.request.id"] == by_span[parent]["kv_cache.request.id"]
+    admitted = [e for e in events["attrs"] if e["admitted"]]
+    assert len(admitted) >= 20
+    assert set(admitted[0]["components"]) == {"full", "swa", "mamba"}
+
+
+def test_export_perfetto(run_dir, capsys):
+    d, _ = run_dir
+    out = d / "trace.json"
+    assert main(["export", str(d / "runs" / "small.db"), "--perfetto", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (")
+    events = json.loads(out.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any(e.get("name") == "text_completion standin-hybrid" for e in events)
+
+
+@pytest.mark.slow
+def test_default_run_writes_runs_latest(tmp_path):
+    p = radixscope(["run"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("radixscope run: workload chat, preset hybrid")
+    assert (tmp_path / "runs" / "latest.db").is_file()
+    assert main(["doctor", str(tmp_path / "runs" / "latest.db")]) == 0
+
+
+def test_bad_input_in_a_subprocess_is_one_line(tmp_path):
+    p = radixscope(["doctor", "nowhere.db"], tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.splitlines() == ["radixscope doctor: error: no store at 'nowhere.db'"]
+    assert "Traceback" not in p.stderr
+
+
+@pytest.fixture()
+def junk(tmp_path):
+    f = tmp_path / "junk.db"
+    f.write_bytes(b"this is not sqlite at all" * 100)
+    return str(f)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--workload", "nope", "--no-store"], "radixscope run: error: unknown workload "
+     "'nope'; choose one of chat, agentic, fewshot, random, trace"),
+    (["run", "--device-tokens", "-5"], "radixscope run: error: argument --device-tokens: -5 "
+     "must be >= 1"),
+    (["run", "--host-tokens", "-1"], "radixscope run: error: argument --host-tokens: -1 must be "
+     ">= 0"),
+    (["run", "--requests", "zero"], "radixscope run: error: argument --requests: 'zero' is not "
+     "an integer"),
+    (["run", "--components", "full,foo", "--no-store"], "radixscope run: error: "
+     "components='full,foo': must be one of full, full,swa, full,mamba, full,swa,mamba"),
+    (["run", "--preset", "swa", "--components", "full", "--no-store"], "radixscope run: error: "
+     "--components full does not match --preset swa (components full,swa)"),
+    (["run", "--preset", "big", "--no-store"], "radixscope run: error: unknown preset 'big'; "
+     "choose one of full, hybrid, mamba, swa"),
+    (["run", "--write-policy", "sometimes", "--no-store"], "radixscope run: error: "
+     "CacheConfig.write_policy='sometimes': must be one of ('write_through', "
+     "'write_through_selective', 'write_back')"),
+    (["run", "--workload", "trace", "--no-store"], "radixscope run: error: workload 'trace' "
+     "needs a trace file (--trace FILE)"),
+    (["run", "--trace"], "radixscope run: error: argument --trace: expected one argument"),
+])
+def test_bad_run_input(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [message]
+
+
+def test_unknown_command(capsys):
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1  # the list of choices is quoted differently across Python versions
+    assert err[0].startswith("radixscope: error: argument command: invalid choice: "
+                             "'frobnicate' (choose from ")
+
+
+@pytest.mark.parametrize("command", ["doctor", "ui", "export"])
+def test_missing_and_corrupt_stores(command, junk, tmp_path, capsys):
+    extra = ["--perfetto", str(tmp_path / "t.json")] if command == "export" else []
+    assert main([command, str(tmp_path / "missing.db"), *extra]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"radixscope {command}: error: no store at '{tmp_path / 'missing.db'}'"]
+    assert main([command, junk, *extra]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"radixscope {command}: error: ") and \
+        "is not a radixscope telemetry store" in err[0]
+
+
+def test_run_refuses_to_overwrite_a_foreign_file(junk, capsys):
+    assert main(["run", "--store", junk]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"radixscope run: error: --store {junk!r} exists and is not a radixscope store; "
+        "refusing to overwrite it"]
+
+
+def test_ui_entrypoint_is_found():
+    assert ui_app_path() == ROOT / "ui" / "app.py"
+
+
+def test_progress_bar_line():
+    import io
+
+    from radixscope.engine.progress import ProgressBar
+
+    class Fake:
+        done, rejected, running, waiting, step_no = [1] * 3, [1], [1, 2], [], 40
+    out = io.StringIO()
+    bar = ProgressBar(8, stream=out, enabled=True, width=8)
+    bar(Fake())
+    bar.close()
+    assert out.getvalue() == "\r[####----] 4/8 requests | step 40 | 2 running, 0 waiting\n"
+    quiet = io.StringIO()
+    ProgressBar(8, stream=quiet)(Fake())  # not a terminal: draws nothing
+    assert quiet.getvalue() == ""
+
+
+def test_size_for_a_missing_component(capsys):
+    assert main(["run", "--preset", "full", "--swa-device-tokens", "128", "--no-store"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "radixscope run: error: swa_device_tokens=128 is for the 'swa' component, which preset "
+        "'full' does not have"]

@@ -1,0 +1,1 @@
+"""Shared test kits: cache drivers, telemetry rigs, UI snapshots and stores."""

@@ -1,0 +1,317 @@
+"""KV events end to end: our cache publishes, the watcher ingests, blocks() equals the cache.
+
+Also: the recorded SGLang streams through a real socket into ``radixscope watch``, a strict
+vLLM-shaped consumer in another process, and bad input that must be counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from radixscope import telemetry
+from radixscope.engine.run import RunSpec, execute
+from radixscope.telemetry.kvevents import wire
+from radixscope.telemetry.kvevents.blocks import snapshot_blocks
+from radixscope.telemetry.kvevents.publisher import KvEventPublisher
+from radixscope.telemetry.kvevents.watch import Watcher
+
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "kv-events"
+if not FIXTURES.exists():
+    FIXTURES = Path("/work/shared/fixtures/kv-events")
+CONSUMER = Path(__file__).parents[1] / "kits" / "kvevents_consumer.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def frame_rows(df) -> set:
+    return {(r.medium, int(r.group), int(r.hash),
+             None if r.parent_hash is None or r.parent_hash is __import__("pandas").NA
+             else int(r.parent_hash), tuple(r.token_ids)) for r in df.itertuples()}
+
+
+def snap_rows(snap) -> set:
+    return {(m, g, b.hash, b.parent, b.tokens)
+            for (m, g), blocks in snapshot_blocks(snap).items() for b in blocks.values()}
+
+
+def flush_every(monkeypatch, steps: int):
+    """An ``on_step`` hook that flushes the run's telemetry every ``steps`` engine steps, so
+    the publisher sends many messages (it sends one per drained batch)."""
+    import radixscope.engine.run as run_mod
+    tels: list = []
+    real = run_mod._open_telemetry
+
+    def capture(path, mode):
+        tel = real(path, mode)
+        tels.append(tel)
+        return tel
+
+    monkeypatch.setattr(run_mod, "_open_telemetry", capture)
+    count = [0]
+
+    def hook(_engine) -> None:
+        count[0] += 1
+        if tels and count[0] % steps == 0:
+            tels[0].flush()
+    return hook
+
+
+class WatchThread:
+    def __init__(self, endpoint: str, store: Path, replay: str | None) -> None:
+        self.w = Watcher(endpoint, store, replay=replay)
+        self.t = threading.Thread(target=self.w.run, kwargs={"max_s": 120}, daemon=True)
+        self.t.start()
+
+    def stop_after(self, messages: int, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.w.messages < messages and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.w.stop()
+        self.t.join(timeout=10)
+        assert not self.t.is_alive()
+
+
+@pytest.mark.parametrize("components", [("full",), ("full", "swa")])
+def test_round_trip_our_cache_to_watcher(tmp_path, monkeypatch, components) -> None:
+    pub, rep = free_port(), free_port()
+    monkeypatch.setenv("RADIXSCOPE_KV_EVENTS", f"tcp://127.0.0.1:{pub}")
+    monkeypatch.setenv("RADIXSCOPE_KV_EVENTS_REPLAY", f"tcp://127.0.0.1:{rep}")
+    watcher = WatchThread(f"tcp://127.0.0.1:{pub}", tmp_path / "watched.db",
+                          f"tcp://127.0.0.1:{rep}")
+    time.sleep(0.3)  # the SUB socket's subscription reaches the PUB socket
+    sent: list[int] = []
+    real_send = KvEventPublisher._send
+
+    def lossy_send(self, events):  # the 3rd message never reaches the socket: a forced gap
+        if self.seq == 2:
+            with self._lock:
+                self._buf.append((self.seq, wire.encode_batch(wire.KVEventBatch(
+                    ts=time.time(), events=events, data_parallel_rank=0))))
+                self.seq += 1
+            return
+        sent.append(self.seq)
+        real_send(self, events)
+
+    monkeypatch.setattr(KvEventPublisher, "_send", lossy_send)
+    sizes = {"device_tokens": 512, "host_tokens": 2048}
+    if "swa" in components:
+        sizes.update(swa_device_tokens=384, swa_host_tokens=2048)
+    spec = RunSpec(workload="chat", requests=40, seed=3, components=components, sizes=sizes,
+                   store=str(tmp_path / "own.db"), telemetry_mode="inline")
+    result = execute(spec, on_step=flush_every(monkeypatch, 2))
+    assert result.error is None
+    final = result.cache.cache.snapshot()
+    n_msgs = max(sent) + 1
+    watcher.stop_after(n_msgs)
+    assert watcher.w.tree.counts["replayed"] >= 1 and watcher.w.gaps == [], (sorted(watcher.w.tree.counts.items())[4:], watcher.w.gaps, watcher.w.messages, n_msgs)
+    with telemetry.open_store(tmp_path / "own.db") as r:
+        ops = r.ops()
+        assert (ops.op == "load_back").sum() > 0
+        assert watcher.w.tree.counts["removed_blocks"] > 0  # evictions reached the watcher
+        own = r.blocks()
+        assert frame_rows(own) == snap_rows(r.state_at(r.last_seq()))
+        # mid-run too: the blocks at a seq are the blocks of the tree at that seq
+        mid = r.last_seq() // 2
+        assert frame_rows(r.blocks(mid)) == snap_rows(r.state_at(mid))
+    expected = snap_rows(final)
+    assert {m for m, *_ in expected} == {"GPU", "CPU"}
+    assert {g for _, g, *_ in expected} == set(range(len(components)))
+    with telemetry.open_store(tmp_path / "watched.db") as w:
+        got = w.blocks()
+        assert str(got["hash"].dtype) == "UInt64" and str(got["parent_hash"].dtype) == "UInt64"
+        assert frame_rows(got) == expected
+        info = w.info()
+        assert info["engine"]["external"] is True and info["engine"]["live"] is False
+        assert w.state_at(w.last_seq()).nodes  # the UI's tree view opens it
+
+
+@pytest.mark.parametrize("scenario", ["sglang-full-p1", "sglang-swa-p16"])
+def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) -> None:
+    d = FIXTURES / scenario
+    frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
+    expected = json.loads((d / "expected.json").read_text())
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    store = tmp_path / "sglang.db"
+    proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "watch",
+                             f"tcp://127.0.0.1:{port}", "--store", str(store)],
+                            cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not store.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        # garbage the watcher must count and skip
+        pub.send_multipart([b"", (10**6).to_bytes(8, "big")])  # two frames
+        for f in frames:
+            pub.send_multipart([base64.b64decode(f["topic"]), f["seq"].to_bytes(8, "big"),
+                                base64.b64decode(f["payload"])])
+        time.sleep(1.0)
+        proc.send_signal(__import__("signal").SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    with telemetry.open_store(store) as r:
+        got = r.blocks()
+        info = r.info()
+    assert info["kv_events"]["counts"]["bad_frames"] == 1
+    assert info["kv_events"]["gaps"] == []
+    assert str(got["hash"].dtype) == "Int64"
+    for medium, blocks in expected["resident"].items():
+        mine = got[got.medium == medium]
+        assert sorted(int(h) for h in mine.hash) == [b["hash"] for b in blocks]
+        by = {int(r.hash): r for r in mine.itertuples()}
+        for b in blocks:
+            row = by[b["hash"]]
+            parent = None if row.parent_hash is __import__("pandas").NA else int(row.parent_hash)
+            assert parent == b["parent_hash"] and list(row.token_ids) == b["token_ids"]
+    assert info["kv_events"]["resident"] == expected["resident_counts"]
+
+
+class ConsumerProcess:
+    """``kvevents_consumer.py`` in its own process; its stdout lines arrive on a queue, so every
+    wait for one is bounded (``queue.get(timeout=...)``)."""
+
+    def __init__(self, endpoint: str, replay: str, out: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CONSUMER), endpoint, str(out), "120",
+                                      replay], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.live = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("live"):
+                self.live.set()
+            self.lines.put(line.strip())
+        self.lines.put("eof")
+
+    def expect(self, word: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line.split()[0] == word:
+                return line
+            assert line != "eof", f"consumer exited before {word!r}"
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def test_vllm_shaped_consumer_in_another_process(tmp_path, monkeypatch) -> None:
+    """The consumer subscribes and says ``ready``; the engine steps on while it waits (at most
+    0.5 s a step) for the consumer's first live message; before the run's telemetry closes,
+    the consumer is told the last seq and fills from replay whatever it missed."""
+    import radixscope.engine.run as run_mod
+    port, rep = free_port(), free_port()
+    out = tmp_path / "consumer.json"
+    consumer = ConsumerProcess(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rep}", out)
+    try:
+        consumer.expect("ready", 60)
+        real_open = run_mod._open_telemetry
+        ended: list[int] = []
+
+        def open_with_end(path, mode):
+            tel = real_open(path, mode)
+            publisher = tel.pipeline.transport.sink.extra[0]
+            real_close = tel.close
+
+            def close(timeout_s: float = 30.0) -> dict:
+                tel.flush()  # every batch handled: publisher.seq is the last seq + 1
+                ended.append(publisher.seq)
+                consumer.send(f"end {publisher.seq}")
+                consumer.expect("done", 60)
+                return real_close(timeout_s)
+            tel.close = close
+            return tel
+
+        monkeypatch.setattr(run_mod, "_open_telemetry", open_with_end)
+        tels: list = []
+        real_capture = run_mod._open_telemetry
+
+        def capture(path, mode):
+            tels.append(real_capture(path, mode))
+            return tels[-1]
+
+        monkeypatch.setattr(run_mod, "_open_telemetry", capture)
+        step = [0]
+
+        def hook(_engine) -> None:
+            step[0] += 1
+            if step[0] % 2 == 0:
+                tels[0].flush()
+                if not consumer.live.is_set():
+                    consumer.live.wait(0.5)  # bounded: throttles the run, never a condition
+
+        monkeypatch.setenv("RADIXSCOPE_KV_EVENTS", f"tcp://127.0.0.1:{port}")
+        monkeypatch.setenv("RADIXSCOPE_KV_EVENTS_REPLAY", f"tcp://127.0.0.1:{rep}")
+        spec = RunSpec(workload="chat", requests=40, seed=3, components=("full", "swa"),
+                       sizes={"device_tokens": 512, "host_tokens": 2048,
+                              "swa_device_tokens": 384, "swa_host_tokens": 2048},
+                       store=str(tmp_path / "own.db"), telemetry_mode="inline")
+        result = execute(spec, on_step=hook)
+        assert result.error is None
+        consumer.proc.wait(timeout=30)
+    finally:
+        consumer.stop()
+    report = json.loads(out.read_text())
+    assert report["errors"] == [], report["errors"][:5]
+    assert report["end"] == ended[0] and report["last_seq"] == ended[0] - 1
+    assert report["messages"] == ended[0] > 3
+    assert report["live"] >= 1 and report["live"] + report["replayed"] == report["messages"]
+    assert report["stored"] > 0 and report["removed"] > 0
+    assert set(report["media"]) == {"GPU", "CPU"} and set(report["groups"]) == {0, 1}
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1garbage", b"", b"\x93\xcb\x00", wire.encode_batch(wire.KVEventBatch(1.0, [])) + b"x",
+])
+def test_decode_rejects_bad_payloads(payload) -> None:
+    with pytest.raises(wire.BadFrame):
+        wire.decode_batch(payload)
+
+
+def test_array_events_unknown_types_and_block_size_change() -> None:
+    import msgspec
+
+    from radixscope.telemetry.kvevents.ingest import EngineTree
+    old = msgspec.msgpack.encode([1.0, [["BlockStored", [5, 6], None, [1, 2, 3, 4], 2, None,
+                                         "CPU_PINNED"], ["Mystery", 1],
+                                        {"type": "BlockStored", "block_hashes": [7],
+                                         "parent_block_hash": 6, "token_ids": [1, 2, 3],
+                                         "block_size": 3, "lora_id": None, "medium": "GPU"},
+                                        ["BlockRemoved", [5], "CPU_PINNED"]]])
+    t = EngineTree()
+    t.apply(wire.decode_batch(old), 0)
+    assert t.counts["unknown_events"] == 1 and t.counts["bad_block_size"] == 1
+    assert {k: sorted(v) for k, v in t.resident.items()} == {("CPU_PINNED", 0): [6]}

@@ -1,0 +1,80 @@
+"""ui.shaping.health: violations tied to their op, violation lines, findings, telemetry words."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+from radixscope.ui.shaping.health import (
+    causing_op,
+    findings_table,
+    telemetry_words,
+    violation_lines,
+    violations_with_ops,
+)
+from tests.kits.ui_snapshots import small_snapshot
+
+MSG = ("2 invariant violation(s):\n"
+       "  [full.device.evictable_ledger] node=None: ledger 166, recount 161\n"
+       "  [lock.dead_pin] node=12: receipt 3 pins a deleted node")
+
+
+def _ops() -> pd.DataFrame:
+    return pd.DataFrame({"op_id": [1, 2, 3, 4], "op": ["match", "insert", "lock", "match"],
+                         "req_id": ["a", "a", "a", "b"], "seq": [0, 6, 7, 7],
+                         "mutations": [0, 6, 1, 0]})
+
+
+def test_causing_op():
+    ops = _ops()
+    assert causing_op(ops, 3)["op_id"] == 2  # inside insert's seqs 1..6
+    assert causing_op(ops, 7)["op_id"] == 3  # lock made seq 7; the match after made nothing
+    assert causing_op(ops, 0)["op_id"] == 1  # no op made seq 0: the last one ending there
+    assert causing_op(ops, None) is None
+    assert causing_op(ops.iloc[:0], 3) is None
+
+
+def test_violations_with_ops():
+    v = pd.DataFrame({"id": [1, 2, 3], "ts_ns": [5, 6, 7], "seq": [6, None, 7],
+                      "kind": ["invariant", "oom", "invariant"],
+                      "message": [MSG, "pool out of memory", "step 3: ..."],
+                      "details": [{}, {}, {"op_id": 1, "invariant": "x"}]})
+    t = violations_with_ops(v, _ops())
+    assert t[["id", "seq", "kind", "headline", "op_id", "op", "req_id"]].values.tolist() == [
+        [1, 6, "invariant", "2 invariant violation(s)", 2, "insert", "a"],
+        [2, None, "oom", "pool out of memory", None, None, None],
+        [3, 7, "invariant", "step 3: ...", 1, "match", "a"]]  # the op the engine located
+
+
+def test_violation_lines():
+    t = violation_lines(MSG)
+    assert t.values.tolist() == [["full.device.evictable_ledger", -1, "ledger 166, recount 161"],
+                                 ["lock.dead_pin", 12, "receipt 3 pins a deleted node"]]
+    assert violation_lines("no structure here").empty
+
+
+def test_findings_table():
+    s = small_snapshot()
+    assert findings_table(s)["severity"].tolist() == ["info"]  # node 2's SWA tombstone, FULL kept
+    pools = (dataclasses.replace(s.pools[0], available=12),) + s.pools[1:]
+    t = findings_table(dataclasses.replace(s, pools=pools))
+    assert t.values.tolist()[:1] == [
+        ["error", "full/device", "free 12 + evictable 10 + protected 12 = 34 tokens exceeds the "
+                                 "capacity 32 by 2: slots are counted twice"]]
+    assert t["severity"].tolist() == ["error", "info"]
+
+
+def test_telemetry_words():
+    ok = {"stats": {"dropped": {"op": 0, "mutation": 0}, "failures": {}, "notes": {}},
+          "gaps": []}
+    assert telemetry_words(ok) == ["telemetry healthy: nothing dropped, no failures, no "
+                                   "journal gaps"]
+    bad = {"stats": {"dropped": {"op": 2, "mutation": 9}, "failures": {"sink.ops": 1}},
+           "gaps": [[40, 52]]}
+    assert telemetry_words(bad) == [
+        "dropped records: 9 mutation, 2 op (the recorder's queue overflowed)",
+        "telemetry failures: sink.ops x1",
+        "journal gap after seq 40 (next seq 52): states after seq 40 cannot be rebuilt exactly"]
+    assert telemetry_words({}) == ["no telemetry stats yet: the writer has not flushed (a run "
+                                   "still going?)"]
