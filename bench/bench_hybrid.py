@@ -86,8 +86,9 @@ class Stats:
 class Workload:
     """Deterministic conversations: each turn = history + a user message; the answer follows."""
 
-    def __init__(self, shape: Shape, seed: int) -> None:
+    def __init__(self, shape: Shape, seed: int, order: str = "fifo") -> None:
         self.s = shape
+        self.order = order
         self.rng = random.Random(seed)
         self.prompts = [[self.rng.randrange(1, 50_000) for _ in range(shape.sys_len)]
                         for _ in range(shape.prompts)]
@@ -106,7 +107,10 @@ class Workload:
         while len(self.open) < s.open_convs and self.started < s.conversations:
             self._start()
         out = []
-        for cid in list(self.open)[:s.live]:  # the longest-waiting conversations first
+        waiting = list(self.open)  # in arrival order: the longest-waiting conversations first
+        if self.order == "random":  # or any of them, so some wait many batches
+            waiting = r.sample(waiting, min(s.live, len(waiting)))
+        for cid in waiting[:s.live]:
             hist = self.open.pop(cid)
             prompt = hist + [r.randrange(1, 50_000) for _ in range(r.randint(*s.user))]
             out.append((cid, prompt, r.randint(*s.answer)))
@@ -225,8 +229,8 @@ class Runner:
         self.st.requests += len(seqs)
         return len(seqs)
 
-    def run(self, seed: int, check: bool) -> dict:
-        wl = Workload(self.s, seed)
+    def run(self, seed: int, check: bool, order: str = "fifo") -> dict:
+        wl = Workload(self.s, seed, order)
         r = random.Random(seed + 1)
         t0 = time.perf_counter()
         batches = []
@@ -259,10 +263,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step", type=int, default=32, help="decode tokens per step")
     ap.add_argument("--check", action="store_true", help="cache.check() after every batch")
+    ap.add_argument("--order", choices=("fifo", "random"), default="fifo",
+                    help="which waiting conversations continue: longest-waiting first (fifo) "
+                         "or a random pick among the waiting ones")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shape = Shape.quick() if a.quick else Shape()
-    rows = [Runner(shape, swa, a.step).run(a.seed, a.check) for swa in (False, True)]
+    rows = [Runner(shape, swa, a.step).run(a.seed, a.check, a.order) for swa in (False, True)]
     full, hyb = rows
     summary = {"hit_rate_gap_points": round(100 * (full["hit_rate"] - hyb["hit_rate"]), 2),
                "resident_full_ratio": round(hyb["resident_full_tokens"]

@@ -315,3 +315,53 @@ def test_array_events_unknown_types_and_block_size_change() -> None:
     t.apply(wire.decode_batch(old), 0)
     assert t.counts["unknown_events"] == 1 and t.counts["bad_block_size"] == 1
     assert {k: sorted(v) for k, v in t.resident.items()} == {("CPU_PINNED", 0): [6]}
+
+
+def _serve_replay_only(router: zmq.Socket, frames: list[dict], stop: threading.Event) -> None:
+    """An engine whose PUB socket sent everything before the watcher joined: only its replay
+    ROUTER socket still has the stream (SGLang's reply shape, topic frame included)."""
+    while not stop.is_set():
+        if not router.poll(50):
+            continue
+        ident, _, start = router.recv_multipart()
+        first = int.from_bytes(start, "big")
+        for f in frames:
+            if f["seq"] >= first:
+                router.send_multipart([ident, b"", base64.b64decode(f["topic"]),
+                                       f["seq"].to_bytes(8, "big"),
+                                       base64.b64decode(f["payload"])])
+        router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+
+def test_a_watcher_joining_after_the_stream_catches_up_from_replay(tmp_path) -> None:
+    """No live message ever arrives (a subscriber that joined late, or a lost tail): a quiet
+    watcher asks the replay socket and rebuilds exactly the engine's resident blocks."""
+    d = FIXTURES / "sglang-full-p1"
+    frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
+    expected = json.loads((d / "expected.json").read_text())
+    pub_port, rep_port = free_port(), free_port()
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for s in (pub, router):
+        s.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{pub_port}")
+    router.bind(f"tcp://127.0.0.1:{rep_port}")
+    stop = threading.Event()
+    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
+    server.start()
+    try:
+        watcher = WatchThread(f"tcp://127.0.0.1:{pub_port}", tmp_path / "late.db",
+                              f"tcp://127.0.0.1:{rep_port}")
+        watcher.stop_after(len(frames), timeout_s=30)
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        pub.close()
+        router.close()
+        ctx.term()
+    counts = watcher.w.tree.counts
+    assert watcher.w.messages == len(frames) == counts["replayed"]
+    assert watcher.w.gaps == []
+    with telemetry.open_store(tmp_path / "late.db") as r:
+        got = r.blocks()
+    assert sorted(int(h) for h in got.hash) == [b["hash"] for b in expected["resident"]["GPU"]]
