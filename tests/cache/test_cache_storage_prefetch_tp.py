@@ -11,8 +11,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
-
 from tests.kits.storagekit import free_port
 
 SCENARIOS = {  # name -> (policy, pools, {rank: FaultyBackend kwargs}, {rank: stored pages})
