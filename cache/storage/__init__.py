@@ -28,6 +28,14 @@ _EXPORTS = {
     "MooncakeBackend": "radixscope.cache.storage.mooncake_backend",
     "FaultyBackend": "radixscope.cache.storage.faults",
     "open_backend": "radixscope.cache.storage.factory",
+    "PrefetchController": "radixscope.cache.storage.prefetch",
+    "PrefetchPool": "radixscope.cache.storage.prefetch_op",
+    "PrefetchResult": "radixscope.cache.storage.prefetch_op",
+    "StartResult": "radixscope.cache.storage.prefetch_op",
+    "PrefetchConfig": "radixscope.cache.storage.prefetch_policy",
+    "StopPolicy": "radixscope.cache.storage.prefetch_policy",
+    "SingleRank": "radixscope.cache.storage.tp",
+    "TorchRankGroup": "radixscope.cache.storage.tp",
 }
 
 __all__ = list(_EXPORTS)
@@ -40,8 +48,12 @@ if TYPE_CHECKING:
     from radixscope.cache.storage.keys import Fingerprint, block_hash64, namespace_seed, page_hashes
     from radixscope.cache.storage.mooncake_backend import MooncakeBackend
     from radixscope.cache.storage.pages import HostPages
+    from radixscope.cache.storage.prefetch import PrefetchController
+    from radixscope.cache.storage.prefetch_op import PrefetchPool, PrefetchResult, StartResult
+    from radixscope.cache.storage.prefetch_policy import PrefetchConfig, StopPolicy
     from radixscope.cache.storage.redis_backend import RedisBackend
     from radixscope.cache.storage.results import BatchResult, ExistsResult, PageStatus, StorageStats
+    from radixscope.cache.storage.tp import SingleRank, TorchRankGroup
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
