@@ -12,6 +12,37 @@ from array import array
 
 import torch
 
+_SMALL = 256  # up to this many indices a check runs as Python loops, past it as torch calls
+
+
+def _list(pages: list[int] | torch.Tensor) -> list[int]:
+    return pages if isinstance(pages, list) else pages.tolist()
+
+
+def _all(bitmap: bytearray, view: torch.Tensor, pages: list[int] | torch.Tensor) -> bool:
+    if isinstance(pages, list):
+        return all(map(bitmap.__getitem__, pages))
+    return not pages.numel() or bool(view[pages].all())
+
+
+def _any(bitmap: bytearray, view: torch.Tensor, pages: list[int] | torch.Tensor) -> bool:
+    if isinstance(pages, list):
+        return any(map(bitmap.__getitem__, pages))
+    return bool(pages.numel()) and bool(view[pages].any())
+
+
+def _distinct(pages: list[int] | torch.Tensor) -> bool:
+    if isinstance(pages, list):
+        return len(set(pages)) == len(pages)
+    return torch.unique(pages).numel() == pages.numel()
+
+
+def _view(bitmap: bytearray) -> torch.Tensor:
+    """A uint8 tensor over ``bitmap``'s memory (writes to either are seen by both)."""
+    if not bitmap:
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.frombuffer(bitmap, dtype=torch.uint8)
+
 
 class SlotAllocator:
     """Free-page stack plus a used-page bitmap.
@@ -36,6 +67,10 @@ class SlotAllocator:
         self._free = array("q", range(self.num_pages - 1, -1, -1))  # a stack: page 0 first
         self._used = bytearray(self.num_pages)
         self._tree = bytearray(self.num_pages)  # 1: a tree node holds the page (device tier)
+        # the same bitmaps as tensors sharing their memory: a validation of a few thousand
+        # slots is then one gather in C, not a Python loop per page
+        self._used_v = _view(self._used)
+        self._tree_v = _view(self._tree)
         self._offsets = torch.arange(page_size, dtype=torch.int64)
 
     @property
@@ -110,14 +145,46 @@ class SlotAllocator:
 
     def check_live(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError unless every index is an allocated slot."""
-        pages = self.pages_of(indices) if self.page_size > 1 else indices.tolist()
-        if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
-            raise ValueError(f"{name}: slot index out of range [0, {self.capacity})")
-        used = self._used
-        if not all(map(used.__getitem__, pages)):
-            bad = [q * self.page_size for q in pages if not used[q]]
+        pages = self._pages(indices, name)
+        if not _all(self._used, self._used_v, pages):
+            bad = [q * self.page_size for q in _list(pages) if not self._used[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
                              "allocated)")
+
+    def _pages(self, indices: torch.Tensor, name: str) -> list[int] | torch.Tensor:
+        """Page ids of whole-page ``indices``: a list for a few pages (Python's own loops are
+        cheaper there), a tensor for many (a few torch calls whatever the length)."""
+        if isinstance(indices, torch.Tensor) and indices.numel() <= _SMALL:
+            return self.pages_of(indices)
+        return self._page_tensor(indices, name)
+
+    def _page_tensor(self, indices: torch.Tensor, name: str) -> torch.Tensor:
+        """Page ids of whole-page ``indices`` as a tensor (type, alignment and range checked,
+        in a few torch calls whatever the length)."""
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
+                or indices.dtype != torch.int64:
+            raise TypeError(f"{self.name}: indices must be a 1-D int64 tensor, got "
+                            f"{getattr(indices, 'dtype', type(indices).__name__)}")
+        p, n = self.page_size, indices.numel()
+        if n == 0:
+            return indices
+        if p == 1:
+            pages = indices
+        else:
+            if n % p:
+                raise ValueError(f"{self.name}: {n} indices are not whole pages of {p}")
+            rows = indices.view(-1, p)
+            first = rows[:, 0]
+            if not bool(torch.equal(rows - first[:, None], self._offsets.expand_as(rows))) \
+                    or bool((first % p).any()):
+                raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
+                                 f"{indices[:min(n, 16)].tolist()}...")
+            pages = first // p
+        lo, hi = torch.aminmax(pages)
+        if int(lo) < 0 or int(hi) >= self.num_pages:
+            raise ValueError(f"{name}: slot index out of range [0, {self.capacity}): "
+                             f"{int(lo) * p}..{int(hi) * p + p - 1}")
+        return pages
 
     def mark_tree(self, indices: torch.Tensor, owned: bool) -> None:
         """Record that a tree node took (``owned``) or dropped the whole-page ``indices``."""
@@ -130,31 +197,29 @@ class SlotAllocator:
     def tree_owned(self, page: int) -> bool:
         return bool(self._tree[page])
 
-    def check_request_held(self, indices: torch.Tensor, name: str) -> list[int]:
+    def check_request_held(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError (nothing changed) unless ``indices`` are whole pages, each allocated,
-        held by a request (no tree node owns it) and named once. Returns the page ids."""
-        pages = self.pages_of(indices)
+        held by a request (no tree node owns it) and named once."""
+        pages = self._pages(indices, name)
         used, tree, p = self._used, self._tree, self.page_size
-        if not all(map(used.__getitem__, pages)):
-            bad = [q * p for q in pages if not used[q]]
+        if not _all(used, self._used_v, pages):
+            bad = [q * p for q in _list(pages) if not used[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
                              "allocated)")
-        if any(map(tree.__getitem__, pages)):
-            bad = [q * p for q in pages if tree[q]]
+        if _any(tree, self._tree_v, pages):
+            bad = [q * p for q in _list(pages) if tree[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are owned by the tree, not held by the "
                              "request")
-        if len(set(pages)) != len(pages):
+        if not _distinct(pages):
             seen: set[int] = set()
-            dup = [q * p for q in pages if q in seen or seen.add(q)]
+            dup = [q * p for q in _list(pages) if q in seen or seen.add(q)]
             raise ValueError(f"{name}: slots {dup[:8]} appear more than once")
-        return pages
 
     def check_tree_owned(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError unless every slot of ``indices`` is owned by a tree node."""
-        pages = self.pages_of(indices)
-        tree = self._tree
-        if not all(map(tree.__getitem__, pages)):
-            bad = [q * self.page_size for q in pages if not tree[q]]
+        pages = self._pages(indices, name)
+        if not _all(self._tree, self._tree_v, pages):
+            bad = [q * self.page_size for q in _list(pages) if not self._tree[q]]
             raise ValueError(f"{name}: slots {bad[:8]} are not held by the tree")
 
     def free(self, indices: torch.Tensor, checked_pages: list[int] | None = None) -> int:
