@@ -125,9 +125,9 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         create_store(path, settings, overwrite=overwrite)
     if mode == "process":
         resource = dict(backends.resource(spec).attributes)
-        wspec = WriterSpec(_sink_specs(spans and {"backends": spec},
-                                       metrics and {"backends": spec}, extra, path, opts,
-                                       resource), opts.writer_nice)
+        specs = _sink_specs(spans and {"backends": spec}, metrics and {"backends": spec},
+                            extra, path, opts, resource)
+        wspec = WriterSpec(specs, opts.writer_nice, sinkbase.targets(specs))
         transport: Any = ProcessTransport(wspec, health)
         tel = Telemetry(recorder, Pipeline(recorder, transport, health, opts.drain_interval_s),
                         health, path, mode)

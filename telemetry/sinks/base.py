@@ -74,13 +74,19 @@ REGISTRY: dict[str, str] = {
 BUILTIN = ("spans", "metrics", "store")
 
 
-def resolve(name: str) -> type:
-    """The class registered as ``name``.
+def targets(specs: Sequence[tuple[str, dict]]) -> dict[str, str]:
+    """``name -> "module:Class"`` of the sinks in ``specs`` as registered now: the writer
+    process builds from these, so a sink registered at run time reaches it too."""
+    return {name: REGISTRY[name] for name, _ in specs if name in REGISTRY}
+
+
+def resolve(name: str, registry: Mapping[str, str] | None = None) -> type:
+    """The class registered as ``name`` (in ``registry``, default ``REGISTRY``).
 
     Raises:
         ValueError: ``name`` is not registered (naming the registered ones).
     """
-    target = REGISTRY.get(name)
+    target = (registry if registry is not None else REGISTRY).get(name)
     if target is None:
         raise ValueError(f"sink {name!r} is not registered (registered: {sorted(REGISTRY)})")
     module, _, cls = target.partition(":")
@@ -106,8 +112,10 @@ def check(sinks: Mapping[str, Mapping[str, Any]] | None) -> tuple[tuple[str, dic
     return tuple(out)
 
 
-def build(specs: Sequence[tuple[str, dict]], health: Health) -> dict[str, Sink]:
-    """Instantiate the sinks named in ``specs``, in order (each ``cls(health, **options)``).
+def build(specs: Sequence[tuple[str, dict]], health: Health,
+          registry: Mapping[str, str] | None = None) -> dict[str, Sink]:
+    """Instantiate the sinks named in ``specs``, in order (each ``cls(health, **options)``),
+    from ``registry`` (default ``REGISTRY``; the writer process: the host's ``targets``).
 
     Raises:
         ValueError: a name given twice or not registered.
@@ -116,5 +124,5 @@ def build(specs: Sequence[tuple[str, dict]], health: Health) -> dict[str, Sink]:
     for name, options in specs:
         if name in out:
             raise ValueError(f"sink {name!r} given twice")
-        out[name] = resolve(name)(health, **options)
+        out[name] = resolve(name, registry)(health, **options)
     return out

@@ -42,16 +42,19 @@ class WriterSpec:
             (``telemetry/sinks/base.py``).
         nice: niceness increment of the writer process, so that on a busy machine the cache's
             process gets the CPU first (the writer catches up when it idles).
+        targets: ``name -> "module:Class"`` as the host's registry had them (``base.targets``);
+            None: this interpreter's ``REGISTRY``.
     """
 
     sinks: tuple[tuple[str, dict], ...] = ()
     nice: int = 10
+    targets: dict[str, str] | None = None
 
 
 def build_sink(spec: WriterSpec, health: Health) -> Fanout:
     """The writer's fan-out over the sinks ``spec`` names (each owns what it builds: span
     processors, a meter provider, the store connection, and shuts it down on ``close``)."""
-    return Fanout(health, sinkbase.build(spec.sinks, health))
+    return Fanout(health, sinkbase.build(spec.sinks, health, spec.targets))
 
 
 _GC_THRESHOLD = (100_000, 50, 1000)
