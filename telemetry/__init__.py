@@ -23,6 +23,7 @@ from radixscope.cache.lazy import lazy_exports
 _EXPORTS = {
     "setup": "radixscope.telemetry.setup",
     "Telemetry": "radixscope.telemetry.handle",
+    "TelemetryOptions": "radixscope.telemetry.options",
     "TelemetryRecorder": "radixscope.telemetry.record.recorder",
     "Health": "radixscope.telemetry.record.drops",
     "open_store": "radixscope.telemetry.store.reader",
@@ -34,6 +35,7 @@ __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from radixscope.telemetry.handle import Telemetry
+    from radixscope.telemetry.options import TelemetryOptions
     from radixscope.telemetry.record.drops import Health
     from radixscope.telemetry.record.recorder import TelemetryRecorder
     from radixscope.telemetry.setup import setup

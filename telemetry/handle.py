@@ -29,6 +29,7 @@ class Telemetry:
         tracer_provider: the provider host-process spans go through (None if untouched).
         meter_provider: the meter provider (inline mode), else None.
         memory_exporter / metric_reader: set by ``setup(in_memory=True)``.
+        sinks: the names of the sinks the stream feeds, in call order.
     """
 
     def __init__(self, recorder: TelemetryRecorder, pipeline: Pipeline, health: Health,
@@ -42,6 +43,7 @@ class Telemetry:
         self.meter_provider: Any = None
         self.memory_exporter: Any = None
         self.metric_reader: Any = None
+        self.sinks: tuple[str, ...] = ()
         self.closed = False
         self._owned: list[Any] = []  # providers setup created: shut down on close
         self._borrowed: list[Any] = []  # providers the caller owns: only flushed

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from radixscope.telemetry.handle import Telemetry
 from radixscope.telemetry.kvevents.config import resolve as resolve_kv_events
 from radixscope.telemetry.names import DEFAULT_SERVICE_NAME
+from radixscope.telemetry.options import TelemetryOptions
 from radixscope.telemetry.record.drain import Pipeline
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.recorder import TelemetryRecorder
@@ -34,11 +35,9 @@ from radixscope.telemetry.sinks import base as sinkbase
 from radixscope.telemetry.sinks import otel_exporters as backends
 from radixscope.telemetry.sinks.fanout import Fanout
 from radixscope.telemetry.sinks.otel_processors import StoreSpanProcessor
-from radixscope.telemetry.sinks.spans import TracerSpans
 from radixscope.telemetry.sinks.transport import InlineTransport, ProcessTransport
 from radixscope.telemetry.sinks.writer_process import WriterSpec
 from radixscope.telemetry.store.schema import create_store, resolve_new_store
-from radixscope.telemetry.store.writer import StoreWriter
 
 MODES = ("process", "inline")
 AUTO = "auto"
@@ -52,13 +51,9 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
           tracer_provider: trace.TracerProvider | None = None,
           meter_provider: metrics_api.MeterProvider | None = None,
           span_exporters: Sequence[SpanExporter] = (), in_memory: bool = False,
-          capture_host_spans: bool = True, keyframe_every: int = 20000,
-          sample_every_ms: float = 100.0, queue_capacity: int = 262144,
-          overflow: str = "block", block_timeout_s: float = 2.0,
-          drain_interval_s: float = 0.1, capture_context: bool = True,
-          writer_nice: int = 10, flight_ring: int = 4096,
+          capture_host_spans: bool = True, options: TelemetryOptions | None = None,
           sinks: Mapping[str, Mapping[str, Any]] | None = None,
-          kv_events: Any = None) -> Telemetry:
+          kv_events: Any = None, **knobs: Any) -> Telemetry:
     """Start telemetry and return its handle.
 
     Args:
@@ -66,8 +61,8 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         overwrite: replace an existing store file instead of raising ``FileExistsError``.
         mode: ``"process"`` (sinks in a writer process: the fast default) or ``"inline"``
             (sinks on this process's drain thread: tests, in-memory exporters).
-        spans: build a span per cache op.
-        metrics: keep the OTel metric instruments.
+        spans: build a span per cache op (the built-in ``spans`` sink).
+        metrics: keep the OTel metric instruments (the built-in ``metrics`` sink).
         otlp: None = from ``OTEL_EXPORTER_OTLP_*``; ``"grpc"`` / ``"http/protobuf"`` = on with
             that protocol; True = on (protocol from env, default http/protobuf); False = off.
         console: also print spans to stdout.
@@ -81,29 +76,27 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
         in_memory: inline mode with an ``InMemorySpanExporter`` (``tel.memory_exporter``) and an
             ``InMemoryMetricReader`` (``tel.metric_reader``); store defaults to none.
         capture_host_spans: route this process's own spans (global provider) into the store.
-        keyframe_every: mutations between keyframe snapshots in the store.
-        sample_every_ms: cache time between pool metric samples in the store.
-        queue_capacity: op records the recorder buffers before its overflow policy applies.
-        overflow: ``"block"`` (wait up to ``block_timeout_s``, then drop) or ``"drop"``.
-        block_timeout_s: see ``overflow``.
-        drain_interval_s: drain period (the store and exporters lag the cache by about this).
-        capture_context: capture the caller's OTel context per op (span parenting).
-        writer_nice: niceness increment of the writer process (0 = same priority).
-        flight_ring: op records ``tel.recorder.tail()`` keeps after shipping (0: none).
+        options: the tuning knobs (``TelemetryOptions``: keyframe and sample cadence, queue
+            and overflow, drain interval, context capture, writer niceness, flight ring).
         sinks: further outputs by registered name -> options (``telemetry/sinks/base.py``);
             a new output is registered there, not added here as a parameter.
         kv_events: shorthand for ``sinks={"kv_events": ...}`` (vLLM-format KV events): an
             endpoint the PUB socket binds, a dict or ``KvEventsConfig``; None = from
             ``RADIXSCOPE_KV_EVENTS``; False = off.
+        **knobs: any ``TelemetryOptions`` field by name (``keyframe_every=40``), on top of
+            ``options``.
 
     Returns:
-        The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes.
+        The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes;
+        ``tel.sinks`` names the sinks in call order.
 
     Raises:
+        TypeError: a keyword that is neither a parameter nor a ``TelemetryOptions`` field.
         ValueError: bad argument values or store path (naming them).
         FileExistsError: the store exists and ``overwrite`` is False.
         ImportError: an optional exporter package is missing (naming it).
     """
+    opts = TelemetryOptions.merged(options, knobs)
     if in_memory:
         mode = "inline"
         store = None if store == AUTO else store
@@ -113,10 +106,6 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
                               or span_exporters):
         raise ValueError("tracer_provider / meter_provider / span_exporters need mode='inline' "
                          "(in process mode the writer process builds its own providers)")
-    if not isinstance(keyframe_every, int) or keyframe_every < 1:
-        raise ValueError(f"keyframe_every={keyframe_every!r}: must be an int >= 1")
-    if sample_every_ms < 0:
-        raise ValueError(f"sample_every_ms={sample_every_ms!r}: must be >= 0")
     kv_cfg = resolve_kv_events(kv_events)
     if kv_cfg is not None:  # the documented shorthand for sinks={"kv_events": {...}}
         sinks = {**(sinks or {}), "kv_events": dataclasses.asdict(kv_cfg)}
@@ -124,29 +113,49 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     spec = _backend_spec(otlp, console, prometheus, service_name)
     backends.check_available(spec)
     path = _store_path(store, overwrite)
-    settings = {"mode": mode, "keyframe_every": keyframe_every,
-                "sample_every_ms": sample_every_ms, "spans": spans, "metrics": metrics,
-                "overflow": overflow, "queue_capacity": queue_capacity}
+    settings = {"mode": mode, "keyframe_every": opts.keyframe_every,
+                "sample_every_ms": opts.sample_every_ms, "spans": spans, "metrics": metrics,
+                "overflow": opts.overflow, "queue_capacity": opts.queue_capacity}
     health = Health()
-    recorder = TelemetryRecorder(health, queue_capacity=queue_capacity, overflow=overflow,
-                                 block_timeout_s=block_timeout_s, ring_capacity=flight_ring,
-                                 capture_context=capture_context)
+    recorder = TelemetryRecorder(health, queue_capacity=opts.queue_capacity,
+                                 overflow=opts.overflow, block_timeout_s=opts.block_timeout_s,
+                                 ring_capacity=opts.flight_ring,
+                                 capture_context=opts.capture_context)
     if path is not None:
         create_store(path, settings, overwrite=overwrite)
     if mode == "process":
-        wspec = WriterSpec(str(path) if path else None, spec, spans, metrics, keyframe_every,
-                           sample_every_ms, writer_nice, extra)
+        resource = dict(backends.resource(spec).attributes)
+        specs = _sink_specs(spans and {"backends": spec}, metrics and {"backends": spec},
+                            extra, path, opts, resource)
+        wspec = WriterSpec(specs, opts.writer_nice, sinkbase.targets(specs))
         transport: Any = ProcessTransport(wspec, health)
-        tel = Telemetry(recorder, Pipeline(recorder, transport, health, drain_interval_s),
+        tel = Telemetry(recorder, Pipeline(recorder, transport, health, opts.drain_interval_s),
                         health, path, mode)
+        tel.sinks = tuple(name for name, _ in wspec.sinks)
         if capture_host_spans:
             _capture_host_spans(tel, spec, recorder, health)
     else:
         tel = _inline(recorder, health, path, spec, spans, metrics, tracer_provider,
-                      meter_provider, span_exporters, in_memory, capture_host_spans,
-                      keyframe_every, sample_every_ms, drain_interval_s, extra)
+                      meter_provider, span_exporters, in_memory, capture_host_spans, opts, extra)
     _close_at_exit(tel)
     return tel
+
+
+def _sink_specs(spans: dict | bool, metrics: dict | bool, extra: tuple[tuple[str, dict], ...],
+                path: Path | None, opts: TelemetryOptions, resource: dict | None
+                ) -> tuple[tuple[str, dict], ...]:
+    """The sinks in call order: spans (the store reads their ids), metrics, the registered
+    ones, the store last (it commits what the batch left)."""
+    out: list[tuple[str, dict]] = []
+    if spans:
+        out.append(("spans", dict(spans)))
+    if metrics:
+        out.append(("metrics", dict(metrics)))
+    out.extend(extra)
+    if path is not None:
+        out.append(("store", {"path": str(path), "keyframe_every": opts.keyframe_every,
+                              "sample_every_ms": opts.sample_every_ms, "resource": resource}))
+    return tuple(out)
 
 
 def _backend_spec(otlp: str | bool | None, console: bool,
@@ -209,9 +218,8 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
             tracer_provider: trace.TracerProvider | None,
             meter_provider: metrics_api.MeterProvider | None,
             span_exporters: Sequence[SpanExporter], in_memory: bool, capture_host_spans: bool,
-            keyframe_every: int, sample_every_ms: float, drain_interval_s: float,
-            extra: tuple[tuple[str, dict], ...] = ()) -> Telemetry:
-    """Inline mode: the sink runs on the drain thread; cache spans go through a provider."""
+            opts: TelemetryOptions, extra: tuple[tuple[str, dict], ...] = ()) -> Telemetry:
+    """Inline mode: the sinks run on the drain thread; cache spans go through a provider."""
     tp = mem_exp = None
     if spans:
         tp = tracer_provider or backends.build_tracer_provider(spec)
@@ -230,24 +238,18 @@ def _inline(recorder: TelemetryRecorder, health: Health, path: Path | None,
                 reader = InMemoryMetricReader()
                 readers.append(reader)
             mp = MeterProvider(metric_readers=readers, resource=backends.resource(spec))
-    store = StoreWriter(path) if path is not None else None
-
-    def flush_providers() -> None:
-        for p in (tp, mp):
-            if p is not None and hasattr(p, "force_flush"):
-                p.force_flush()
-
     resource = getattr(tp, "resource", None)
+    specs = _sink_specs(tp is not None and {"tracer_provider": tp},
+                        mp is not None and {"meter_provider": mp}, extra, path, opts,
+                        dict(resource.attributes) if resource is not None else None)
     sink_health = Health()
-    sink = Fanout(sink_health, store, TracerSpans(tp) if tp is not None else None, mp,
-                  keyframe_every=keyframe_every, sample_every_ms=sample_every_ms,
-                  flush_hook=flush_providers,
-                  resource=dict(resource.attributes) if resource is not None else None,
-                  extra=sinkbase.build(extra, sink_health))
+    fanout = Fanout(sink_health, sinkbase.build(specs, sink_health))
+    store = fanout.named.get("store")
     if store is not None and isinstance(tp, TracerProvider):
-        tp.add_span_processor(StoreSpanProcessor(sink.put_span, health))
-    tel = Telemetry(recorder, Pipeline(recorder, InlineTransport(sink), health, drain_interval_s),
-                    health, path, "inline")
+        tp.add_span_processor(StoreSpanProcessor(store.put_span, health))
+    tel = Telemetry(recorder, Pipeline(recorder, InlineTransport(fanout), health,
+                                       opts.drain_interval_s), health, path, "inline")
+    tel.sinks = tuple(fanout.named)
     tel.tracer_provider, tel.meter_provider = tp, mp
     tel.memory_exporter, tel.metric_reader = mem_exp, reader
     tel.adopt(owned=[p for p, given in ((tp, tracer_provider), (mp, meter_provider))

@@ -3,7 +3,7 @@
 The cache's live snapshot reads its ledgers; a replay derives everything from the journal. The
 two agree unless the cache changed state without recording it or its ledgers drifted, so a
 bundle records the verdict and, per node and pool, where they differ. The same replay (through
-``radixscope.telemetry.sinks.journal.Journal``) yields the pool figures after every op: the budget timeline.
+``radixscope.telemetry.store.journal.Journal``) yields the pool figures after every op: the budget timeline.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from radixscope.cache.events import OpRecord
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.telemetry.record.drops import Health
-from radixscope.telemetry.sinks.journal import Journal
+from radixscope.telemetry.store.journal import Journal
 
 
 def replay_check(start: CacheSnapshot | None, ops: Sequence[OpRecord],

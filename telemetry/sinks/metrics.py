@@ -21,7 +21,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from radixscope.cache import events as ev
 from radixscope.telemetry import names as n
 from radixscope.telemetry.record.encode import CompactOp
-from radixscope.telemetry.sinks.journal import Journal
+from radixscope.telemetry.store.journal import Journal
 
 _HITS = ((ev.A_DEVICE_TOKENS, "full", ev.TIER_DEVICE), (ev.A_HOST_TOKENS, "full", ev.TIER_HOST),
          (ev.A_SWA_HOST_TOKENS, "swa", ev.TIER_HOST), (ev.A_MAMBA_HOST, "mamba", ev.TIER_HOST))

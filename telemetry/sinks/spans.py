@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Mapping
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -31,78 +29,15 @@ from opentelemetry.trace.status import Status, StatusCode
 from radixscope.cache import events as ev
 from radixscope.telemetry import names as n
 from radixscope.telemetry.record.encode import CompactOp
+from radixscope.telemetry.store.span_attrs import error_type, span_attributes
 
-_SCALARS = (bool, int, float, str)
 _EMPTY = Context()
 VERSION = "0.1.0"
 SCOPE = InstrumentationScope(n.INSTRUMENTATION_SCOPE, VERSION)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+__all__ = ["NO_IDS", "DirectSpans", "Ids", "TracerSpans", "error_type", "span_attributes"]
 Ids = tuple[str | None, str | None, str | None]  # (trace_id, span_id, parent_span_id) in hex
 NO_IDS: Ids = (None, None, None)
-
-
-def span_attributes(op: CompactOp) -> dict[str, Any]:
-    """The attributes of an op's span: the fixed ones plus the op record's ``attrs`` mapped
-    through ``names.attribute_name`` (a per-component dict becomes one attribute per component).
-
-    Args:
-        op: the compact op record.
-
-    Returns:
-        A dict of OTel-valid attribute values (None values are left out).
-    """
-    out: dict[str, Any] = {
-        n.ATTR_OP_ID: op.op_id,
-        n.ATTR_SEQ: op.seq_last,
-        n.ATTR_OP_MUTATIONS: max(0, op.seq_last - op.seq_first + 1),
-    }
-    if op.req_id is not None:
-        out[n.ATTR_REQUEST_ID] = str(op.req_id)
-    for key, value in op.attrs.items():
-        if value is None:
-            continue
-        name = n.attribute_name(op.op, key)
-        per_comp = _as_mapping(value)
-        if per_comp is not None:
-            for comp, v in per_comp.items():
-                out[f"{name}.{_snake(str(comp))}"] = _attr_value(v)
-        else:
-            out[name] = _attr_value(value)
-    if op.error:
-        out[n.ATTR_ERROR_TYPE] = error_type(op.error)
-    return out
-
-
-def error_type(error: str) -> str:
-    """``error.type`` for an op's error text: the exception class name when it leads the text
-    (``"CacheOutOfMemory: ..."``), else ``_OTHER`` (the semantic-convention fallback)."""
-    head = error.split(":", 1)[0].strip()
-    return head if head.isidentifier() else "_OTHER"
-
-
-def _as_mapping(value: Any) -> Mapping | None:
-    if isinstance(value, Mapping):
-        return value
-    if (isinstance(value, (tuple, list)) and value
-            and all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
-                    and isinstance(p[1], (int, float)) for p in value)):
-        return dict(value)
-    return None
-
-
-def _attr_value(value: Any) -> Any:
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, (tuple, list)):
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return list(value)
-        if all(isinstance(v, str) for v in value):
-            return list(value)
-    return repr(value)
-
-
-def _snake(key: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in key.lower())
 
 
 def _hex(trace_id: int, span_id: int, parent_span_id: int) -> Ids:

@@ -1,10 +1,11 @@
 """The writer process: builds spans and metrics and writes the store, beside the cache's process.
 
 ``main_from_fds`` is the entry point of the writer interpreter (``ProcessTransport`` starts it).
-It builds the sinks from a picklable ``WriterSpec`` (the first message): span ids for every op,
-span objects and metric instruments only for configured exporters / readers, and the store;
-then loops: receive pickled message batches, coalesce what is already
-waiting, hand them to the ``Fanout``, commit. ``("flush", token)`` and ``("close", token)`` are
+It builds the sinks from a picklable ``WriterSpec`` (the first message), by name from the
+registry (``telemetry/sinks/base.py``): span ids for every op, span objects and metric
+instruments only for configured exporters / readers, the store, any registered sink; then
+loops: receive pickled message batches, coalesce what is already waiting, hand them to the
+``Fanout``, which commits once. ``("flush", token)`` and ``("close", token)`` are
 answered on the acknowledgement pipe with the merged stats. End-of-file on the pipe (the host
 process died) closes the store, so a crash still leaves a readable store, and records that the
 run did not close telemetry (``info["closed"]["clean"]`` false).
@@ -18,18 +19,12 @@ import os
 import pickle
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
-
-from opentelemetry.sdk.metrics import MeterProvider
 
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.sinks import base as sinkbase
-from radixscope.telemetry.sinks import otel_exporters as backends
 from radixscope.telemetry.sinks.fanout import Fanout
-from radixscope.telemetry.sinks.spans import DirectSpans
-from radixscope.telemetry.store.writer import StoreWriter
 
 log = logging.getLogger("radixscope.telemetry")
 
@@ -42,69 +37,24 @@ class WriterSpec:
     """Everything the writer process needs (plain data, picklable).
 
     Attributes:
-        store: path of an existing store, or None (spans/metrics only).
-        backends: exporters besides the store.
-        spans: build a span per op.
-        metrics: keep the OTel instruments.
-        keyframe_every: mutations between keyframes.
-        sample_every_ms: cache time between metric samples in the store.
+        sinks: the sinks to build, in call order, ``((name, options), ...)``: the built-in
+            spans / metrics / store with their plain-data options and any registered one
+            (``telemetry/sinks/base.py``).
         nice: niceness increment of the writer process, so that on a busy machine the cache's
             process gets the CPU first (the writer catches up when it idles).
-        sinks: registered sinks to build, ``((name, options), ...)`` (``telemetry/sinks/base.py``).
+        targets: ``name -> "module:Class"`` as the host's registry had them (``base.targets``);
+            None: this interpreter's ``REGISTRY``.
     """
 
-    store: str | None
-    backends: backends.BackendSpec = field(default_factory=backends.BackendSpec)
-    spans: bool = True
-    metrics: bool = True
-    keyframe_every: int = 20000
-    sample_every_ms: float = 100.0
-    nice: int = 10
     sinks: tuple[tuple[str, dict], ...] = ()
+    nice: int = 10
+    targets: dict[str, str] | None = None
 
 
-def build_sink(spec: WriterSpec, health: Health) -> tuple[Fanout, list[Any]]:
-    """The writer's sink and the providers / processors it owns (to shut down at the end).
-
-    Spans: ids are assigned directly (``DirectSpans``); SDK span objects are only made when an
-    exporter is configured. Metrics: instruments only when a metric reader is configured (the
-    store's pool samples come from the journal either way).
-
-    Args:
-        spec: the writer spec.
-        health: the writer's counters.
-
-    Returns:
-        ``(sink, [things with shutdown()])``.
-    """
-    b = spec.backends
-    owned: list[Any] = []
-    spans = procs = None
-    if spec.spans:
-        exporters = backends.span_exporters(b)
-        procs = backends.batch_processors(exporters, b, health)
-        owned.extend(procs)
-        spans = DirectSpans(backends.resource(b), export=bool(procs))
-    mp_ = None
-    if spec.metrics:
-        readers = backends.metric_readers(b, health)
-        if readers:
-            mp_ = MeterProvider(metric_readers=readers, resource=backends.resource(b))
-            owned.append(mp_)
-    store = StoreWriter(spec.store) if spec.store else None
-
-    def flush_exports() -> None:
-        for p in procs or ():
-            p.force_flush()
-        if mp_ is not None:
-            mp_.force_flush()
-
-    sink = Fanout(health, store, spans, mp_, span_processors=procs or (),
-                  keyframe_every=spec.keyframe_every, sample_every_ms=spec.sample_every_ms,
-                  flush_hook=flush_exports,
-                  resource=dict(backends.resource(b).attributes),
-                  extra=sinkbase.build(spec.sinks, health))
-    return sink, owned
+def build_sink(spec: WriterSpec, health: Health) -> Fanout:
+    """The writer's fan-out over the sinks ``spec`` names (each owns what it builds: span
+    processors, a meter provider, the store connection, and shuts it down on ``close``)."""
+    return Fanout(health, sinkbase.build(spec.sinks, health, spec.targets))
 
 
 _GC_THRESHOLD = (100_000, 50, 1000)
@@ -134,7 +84,7 @@ def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
     try:
         if spec.nice and hasattr(os, "nice"):
             os.nice(spec.nice)
-        sink, owned = build_sink(spec, health)
+        sink = build_sink(spec, health)
     except Exception as e:  # noqa: BLE001 - report the failure to the host, then exit
         log.exception("telemetry writer could not start")
         acks.send_bytes(pickle.dumps(("failed", 0, f"{type(e).__name__}: {e}")))
@@ -144,8 +94,6 @@ def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
     finally:
         with health.guard("writer.shutdown"):
             sink.close(clean=False)  # a no-op after a "close" request: already closed cleanly
-            for thing in owned:
-                thing.shutdown()
 
 
 def _serve(conn: Connection, acks: Connection, sink: Fanout) -> None:

@@ -19,13 +19,12 @@ import pandas as pd
 from radixscope.cache import events as ev
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.telemetry import names as n
-from radixscope.telemetry.record.encode import CompactOp
-from radixscope.telemetry.sinks.spans import span_attributes
 from radixscope.telemetry.store import keyframes
 from radixscope.telemetry.store.readguard import Malformed, file_errors, int_arg, str_arg
 from radixscope.telemetry.store.runstate import run_status
 from radixscope.telemetry.store.schema import connect_reader
 from radixscope.telemetry.store.shape import check_tree, rebuild
+from radixscope.telemetry.store.span_attrs import op_attributes
 
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
                 "status_code", "status_message", "attributes", "events", "links", "resource",
@@ -180,13 +179,13 @@ class StoreReader:
         out = []
         for (op_id, op, start, end, req, sf, sl, tid, sid, pid, attrs_json, error) in rows:
             attrs = json.loads(attrs_json)
-            cop = CompactOp(op_id, op, start, end, req, 0, 0, 0, False, sf, sl, attrs, error)
             links = []
             e = attrs.get(ev.A_ENQUEUED_BY) if op == ev.OP_TRANSFER else None
             if e in span_of:
                 links.append([span_of[e][0], span_of[e][1], {n.LINK_ATTR_OP_ID: e}])
             out.append((tid, sid, pid, n.span_name(op), "INTERNAL", start, max(start, end),
-                        "ERROR" if error else "UNSET", error, span_attributes(cop), [], links,
+                        "ERROR" if error else "UNSET", error,
+                        op_attributes(op_id, op, sf, sl, req, attrs, error), [], links,
                         resource, n.INSTRUMENTATION_SCOPE, op_id))
         return pd.DataFrame.from_records(out, columns=list(SPAN_COLUMNS))
 

@@ -243,7 +243,7 @@ def test_vllm_shaped_consumer_in_another_process(tmp_path, monkeypatch) -> None:
 
         def open_with_end(path, mode):
             tel = real_open(path, mode)
-            publisher = tel.pipeline.transport.sink.extra[0]
+            publisher = tel.pipeline.transport.sink.named["kv_events"]
             real_close = tel.close
 
             def close(timeout_s: float = 30.0) -> dict:

@@ -16,8 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from radixscope.cache.snapshot import CacheSnapshot
-from radixscope.telemetry.record.drops import Health
-from radixscope.telemetry.sinks.journal import Journal
+from radixscope.telemetry.store.journal import Journal
 
 STACK = ("available", "evictable", "protected", "in_flight", "held")
 STACK_COLORS = {"available": "#ced4da", "evictable": "#2a9d8f", "protected": "#e4572e",
@@ -87,7 +86,7 @@ METRIC_COLUMNS = ("seq", "ts_ns", "component", "tier", "capacity", "available", 
 
 def replayed_pools(start: CacheSnapshot, mutations: Sequence[tuple], points: int = 400
                    ) -> pd.DataFrame:
-    """Pool ledgers rebuilt from the journal (``radixscope.telemetry.sinks.journal.Journal``), in the shape of
+    """Pool ledgers rebuilt from the journal (``radixscope.telemetry.store.journal.Journal``), in the shape of
     ``StoreReader.metrics()``: one row per pool at ``start.seq``, then after roughly every
     ``ceil(len(mutations) / points)`` mutations, always at the end of an op (a state half way
     through an op is not one the cache was ever seen in), and after the last mutation. Exact
@@ -98,7 +97,7 @@ def replayed_pools(start: CacheSnapshot, mutations: Sequence[tuple], points: int
     """
     if points < 1:
         raise ValueError(f"points={points!r}: must be >= 1")
-    j = Journal(start, Health())
+    j = Journal(start)
     rows = [(j.seq, None, *p) for p in j.pools()]
     every = max(1, -(-len(mutations) // points))
     chunk: list[tuple] = []

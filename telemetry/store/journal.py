@@ -1,4 +1,4 @@
-"""The sinks' replica of the cache state: the mutation journal replayed as it arrives.
+"""The cache state replayed from the mutation journal: the sinks' replica, and the UI's ledgers.
 
 ``Journal`` feeds every accepted mutation to a ``SnapshotBuilder`` started from the snapshot the
 cache gave at ``attach``, so the sinks can write keyframes (``snapshot()``) without asking the
@@ -8,19 +8,47 @@ gauges and the store's metric samples read. Mutations must arrive in seq order; 
 skipped and a gap (records dropped upstream) is counted and remembered, since no state after it
 can be rebuilt exactly: the replica then stops (``broken``), while the mutations themselves are
 still accepted for the store.
+
+It lives beside the store because both sides read it: the fan-out keeps its live replica with it
+(``telemetry/sinks/fanout.py``) and the UI replays a store's mutations with it (budget timeline).
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Iterable
+from typing import Protocol
 
 from radixscope.cache import events as ev
 from radixscope.cache.snapshot import CacheSnapshot, SnapshotBuilder
-from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.store.keyframes import TokenRefs
 
 PoolKey = tuple[str, str]  # (component, tier)
+log = logging.getLogger("radixscope.telemetry")
+
+
+class Counters(Protocol):
+    """Where the journal counts its anomalies (telemetry's ``Health`` in the sinks)."""
+
+    def note(self, name: str, n: int = 1) -> None: ...
+
+    def fail(self, stage: str, exc: BaseException | None = None, what: str = "") -> None: ...
+
+
+class Tally:
+    """``Counters`` of a replay nobody watches (the UI's): counted here, failures logged."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+
+    def note(self, name: str, n: int = 1) -> None:
+        self.notes[name] = self.notes.get(name, 0) + n
+
+    def fail(self, stage: str, exc: BaseException | None = None, what: str = "") -> None:
+        self.failures[stage] = self.failures.get(stage, 0) + 1
+        log.error("journal replay failure at %s %s: %r", stage, what, exc)
 
 
 class Journal:
@@ -28,11 +56,11 @@ class Journal:
 
     Args:
         start: the snapshot the cache passed to ``attach``.
-        health: counters for gaps and late mutations.
+        health: counters for gaps and late mutations (None: a fresh ``Tally``).
     """
 
-    def __init__(self, start: CacheSnapshot, health: Health) -> None:
-        self.health = health
+    def __init__(self, start: CacheSnapshot, health: Counters | None = None) -> None:
+        self.health = health if health is not None else Tally()
         self.builder = SnapshotBuilder(start)
         self.token_refs = TokenRefs(start)
         self.components = start.components

@@ -1,0 +1,165 @@
+"""The store sink: every op, mutation, span, event and violation into the SQLite store.
+
+Built from the registry as ``store`` (``telemetry/sinks/base.py``) with plain-data options:
+``StoreSink(health, path, keyframe_every=, sample_every_ms=, resource=)``. Beside the rows it
+writes a keyframe every ``keyframe_every`` mutations and a pool sample every
+``sample_every_ms`` of cache time, both read off the fan-out's journal replica; it commits once
+per batch of messages (``commit``). Each op row carries its span's ids, read from the span
+sink's ``ids`` (``bind``); without a span sink, none. Host-process spans arrive as rows (the
+``spans`` message, process mode) or as SDK spans through ``put_span`` (inline mode).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from radixscope.cache import events as ev
+from radixscope.telemetry.names import INSTRUMENTATION_SCOPE
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.record.encode import CompactOp, SpanRow, span_row
+from radixscope.telemetry.sinks.spans import NO_IDS
+from radixscope.telemetry.store import keyframes
+from radixscope.telemetry.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from radixscope.cache.snapshot import CacheSnapshot
+    from radixscope.telemetry.store.journal import Journal
+
+
+class StoreSink:
+    """The embedded store's writer side (see the module docstring).
+
+    Args:
+        health: the fan-out's counters.
+        path: an existing store file (``create_store`` made it).
+        keyframe_every: mutations between keyframes.
+        sample_every_ms: cache time between pool samples.
+        resource: attributes of the resource the cache's spans carry (the ``resource`` info).
+
+    Raises:
+        ValueError: ``keyframe_every`` < 1.
+    """
+
+    def __init__(self, health: Health, path: str, keyframe_every: int = 20000,
+                 sample_every_ms: float = 100.0, resource: dict | None = None) -> None:
+        if keyframe_every < 1:
+            raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
+        self.health = health
+        self.store = StoreWriter(path)
+        self.keyframe_every = keyframe_every
+        self.sample_every_ns = int(sample_every_ms * 1e6)
+        self.journal: Journal | None = None
+        self._resource = dict(resource or {})
+        self._spans: Any = None  # the span sink, whose ``ids`` are the last batch's
+        self._stats: Any = health.snapshot
+        self._span_q: collections.deque = collections.deque()
+        self._kf_at = 0
+        self._sample_ns = 0
+        self._last_end_ns = 0
+
+    def bind(self, fanout: Any) -> None:
+        """The span sink's ids and the fan-out's merged stats."""
+        self._spans = fanout.named.get("spans")
+        self._stats = fanout.stats
+
+    def put_span(self, span: Any) -> None:
+        """Queue a finished SDK span for the store (thread-safe; a span processor's hook).
+        The cache's own spans are skipped: their op rows already carry them."""
+        scope = span.instrumentation_scope
+        if scope is None or scope.name != INSTRUMENTATION_SCOPE:
+            self._span_q.append(span)
+
+    # ---- the stream ------------------------------------------------------------------------
+    def attach(self, info: dict, snapshot: CacheSnapshot, replica: Journal | None) -> None:
+        self.journal = replica
+        st = self.store
+        st.set_info("cache", info)
+        st.set_info("resource", self._resource)
+        st.write_node_tokens((n.node_id, n.tokens) for n in snapshot.nodes)
+        st.write_keyframe(snapshot.seq, snapshot.to_dict())
+        if replica is not None:
+            st.write_metrics(snapshot.seq, time.time_ns(), replica.pools())
+
+    def ops(self, ops: Sequence[CompactOp], mutations: Sequence[tuple]) -> None:
+        if ops:
+            self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
+        spans = self._spans
+        ids = spans.ids if spans is not None else ()
+        if len(ids) != len(ops):
+            ids = [NO_IDS] * len(ops)
+        st = self.store
+        st.write_ops(ops, ids)
+        st.write_mutations(mutations)
+        st.write_node_tokens((m[3], m[6][2]) for m in mutations if m[2] == ev.NODE_CREATE)
+        j = self.journal
+        if j is None or j.broken:
+            return
+        if j.applied - self._kf_at >= self.keyframe_every:
+            with self.health.guard("keyframe"):
+                self._kf_at = j.applied
+                st.write_keyframe(j.seq, keyframes.encode(j.keyframe_dict()))
+        if self._last_end_ns - self._sample_ns >= self.sample_every_ns:
+            self._sample_ns = self._last_end_ns
+            st.write_metrics(j.seq, self._last_end_ns, j.pools())
+
+    def event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
+        self.store.write_event(ts_ns, seq, kind, attrs)
+
+    def spans(self, rows: Sequence[SpanRow]) -> None:
+        """Host-process spans, already rows (process mode)."""
+        self.store.write_spans(rows)
+
+    def violation(self, *args: Any) -> None:
+        self.store.write_violation(*args)
+
+    def commit(self) -> None:
+        """End of a batch of messages: queued host spans, then one commit."""
+        self._drain_spans()
+        with self.health.guard("store.commit"):
+            self.store.commit()
+
+    def _drain_spans(self) -> None:
+        q = self._span_q
+        if not q:
+            return
+        rows: list[SpanRow] = []
+        while q:
+            span = q.popleft()
+            with self.health.guard("span_row"):
+                rows.append(span_row(span))
+        if rows:
+            with self.health.guard("store.spans"):
+                self.store.write_spans(rows)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def end(self, clean: bool) -> None:
+        """The ``closed`` info row, before the final flush (``clean``: the host closed
+        telemetry; False when its process went away without closing: killed, crashed)."""
+        with self.health.guard("store.closed_row"):
+            j = self.journal
+            self.store.set_info("closed", {
+                "clean": bool(clean), "ts_ns": time.time_ns(),
+                "last_seq": j.last_seq if j is not None else None,
+                "reason": None if clean else "the host process ended without closing "
+                                             "telemetry (killed or crashed)"})
+
+    def flush(self) -> None:
+        """Queued host spans, a final pool sample, the replica's gaps and the stats; commit."""
+        self._drain_spans()
+        with self.health.guard("store.flush"):
+            j = self.journal
+            if j is not None:
+                if not j.broken:
+                    self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
+                                             j.pools())
+                self.store.set_info("gaps", j.gaps)
+                self.store.set_info("last_seq", j.last_seq)
+            self.store.set_info("stats", self._stats())
+            self.store.commit()
+
+    def close(self) -> None:
+        with self.health.guard("store.close"):
+            self.store.close()
