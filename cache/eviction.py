@@ -16,7 +16,8 @@ component's host copies.
 from __future__ import annotations
 
 from radixscope.cache.results import EvictResult
-from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
 
 
@@ -53,7 +54,7 @@ def evict_device(core: CacheCore, ci: int, num: int) -> EvictResult:
         return acc.result(num)
     lru = core.lru[ci][DEVICE]
     while acc.freed[ci] < num:
-        victim = next((n for n in lru.values() if n.data[ci].lock_ref == 0), None)
+        victim = next((n for n in lru.values() if n.data[ci].refs[DEVICE] == 0), None)
         if victim is None:
             break
         tombstone(core, victim, ci, acc)
@@ -66,18 +67,18 @@ def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
     the tree. Under write_back the dropped data is first copied to host (when there is room)."""
     pri = core.comps[ci].priority
     drop = [comp.index for comp in core.comps
-            if comp.priority <= pri and node.data[comp.index].value is not None
-            and node.data[comp.index].lock_ref == 0]
+            if comp.priority <= pri and node.data[comp.index].values[DEVICE] is not None
+            and node.data[comp.index].refs[DEVICE] == 0]
     if (core.config.write_policy == "write_back" and core.config.has_host
-            and any(node.data[cj].host_value is None for cj in drop)):
+            and any(node.data[cj].values[HOST] is None for cj in drop)):
         from radixscope.cache import transfers  # local: transfers imports eviction for host room
         transfers.backup_sync(core, node, set(drop))
     for cj in drop:
         comp = core.comps[cj]
         d = node.data[cj]
-        if d.value is None or d.lock_ref > 0:
+        if d.values[DEVICE] is None or d.refs[DEVICE] > 0:
             continue
-        v = d.value
+        v = d.values[DEVICE]
         core.set_value(node, comp.index, DEVICE, None)
         acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
         acc.tombstoned.append((comp.name, node.id))
@@ -94,26 +95,25 @@ def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> bool:
     from radixscope.cache import transfers  # local: transfers imports eviction for host room
 
     f = node.data[0]
-    if f.host_value is None and core.config.write_policy == "write_back" and core.config.has_host:
+    if f.values[HOST] is None and core.config.write_policy == "write_back" and core.config.has_host:
         transfers.backup_sync(core, node)
-    if f.host_value is not None:
+    if f.values[HOST] is not None:
         acc.evicted.append(node.id)
         for comp in core.comps:
             d = node.data[comp.index]
-            if d.value is not None:
-                v = d.value
+            if d.values[DEVICE] is not None:
+                v = d.values[DEVICE]
                 core.set_value(node, comp.index, DEVICE, None)
                 acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
         acc.demoted.append(node.id)
         return True
     subtree = _post_order(node)
-    if any(d.lock_ref or d.host_ref for n in subtree for d in n.data):
+    if any(any(d.refs) for n in subtree for d in n.data):
         return False  # a pinned host-only descendant: leave this node resident
     acc.evicted.append(node.id)
     parent = node.parent
     for n in subtree:  # children first, so every delete is of a childless node
-        dev, _host = core.delete(n)
-        acc.add(dev)
+        acc.add(core.delete(n)[DEVICE])
         acc.deleted.append(n.id)
     delete_tombstone_ancestors(core, parent, acc, DEVICE)
     return True
@@ -132,18 +132,17 @@ def _post_order(node: Node) -> list[Node]:
 
 
 def is_useless(node: Node) -> bool:
-    """A node some component can never accept as a match end (no data on either tier)."""
-    return any(d.value is None and d.host_value is None for d in node.data)
+    """A node some component can never accept as a match end (no data on any tier)."""
+    return any(all(v is None for v in d.values) for d in node.data)
 
 
 def delete_tombstone_ancestors(core: CacheCore, node: Node, acc: _Acc, tier: int) -> None:
     """Walk up deleting childless useless nodes. Stops at the root and at any node with a
     lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
     while (node.parent is not None and not node.children and is_useless(node)
-           and all(d.lock_ref == 0 and d.host_ref == 0 for d in node.data)):
+           and not any(any(d.refs) for d in node.data)):
         parent = node.parent
-        dev, host = core.delete(node)
-        acc.add(dev if tier == DEVICE else host)
+        acc.add(core.delete(node)[tier])
         acc.deleted.append(node.id)
         node = parent
 
@@ -160,10 +159,10 @@ def evict_host(core: CacheCore, ci: int, num: int) -> EvictResult:
         return acc.result(num)
     lru = core.lru[ci][HOST]
     while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
-        victim = next((n for n in lru.values() if n.data[ci].host_ref == 0), None)
+        victim = next((n for n in lru.values() if n.data[ci].refs[HOST] == 0), None)
         if victim is None:
             break
-        v = victim.data[ci].host_value
+        v = victim.data[ci].values[HOST]
         core.set_value(victim, ci, HOST, None)
         acc.freed[ci] += core.free_slots(ci, HOST, v)
         acc.tombstoned.append((core.comps[ci].name, victim.id))
@@ -173,8 +172,7 @@ def evict_host(core: CacheCore, ci: int, num: int) -> EvictResult:
 def _evict_host_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
     acc.evicted.append(node.id)
     parent = node.parent
-    _dev, host = core.delete(node)
-    acc.add(host)
+    acc.add(core.delete(node)[HOST])
     acc.deleted.append(node.id)
     delete_tombstone_ancestors(core, parent, acc, HOST)
 
@@ -186,15 +184,15 @@ def enforce_mamba_cap(core: CacheCore, tail: Node) -> None:
     if cap is None:
         return
     mi = core.ci["mamba"]
-    holders = [n for n in core.tree.path_to_root(tail) if n.data[mi].value is not None]
+    holders = [n for n in core.tree.path_to_root(tail) if n.data[mi].values[DEVICE] is not None]
     excess = len(holders) - cap
     for node in reversed(holders):  # shallowest first
         if excess <= 0:
             break
         d = node.data[mi]
-        if node is tail or len(node.children) != 1 or d.lock_ref > 0:
+        if node is tail or len(node.children) != 1 or d.refs[DEVICE] > 0:
             continue
-        v = d.value
+        v = d.values[DEVICE]
         core.set_value(node, mi, DEVICE, None)
         core.free_slots(mi, DEVICE, v)
         excess -= 1

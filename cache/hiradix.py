@@ -27,7 +27,8 @@ from radixscope.cache.results import (
     TransferId,
 )
 from radixscope.cache.snapshot import CacheSnapshot
-from radixscope.cache.state import DEVICE, HOST, TIERS, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST, Tier, per_tier
 from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
@@ -44,7 +45,7 @@ class HiRadixCache(CacheCore):
     def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
         super().__init__(config, recorder)
         self.instance = next(_instances)
-        self.request_held = [[0, 0] for _ in self.comps]
+        self.request_held = [per_tier(0) for _ in self.comps]
         self.engine = transfers.TransferEngine(config.device)
         if self._on:
             self.recorder.attach(self.info(), self.snapshot())
@@ -55,10 +56,10 @@ class HiRadixCache(CacheCore):
             "config": self.config.summary(),
             "components": [c.name for c in self.comps],
             "page_size": self.page_size,
-            "pools": {f"{c.name}/{t}": self.pool(c.index, ti).alloc.capacity
-                      for c in self.comps for ti, t in enumerate(TIERS)},
-            "bytes_per_slot": {f"{c.name}/{t}": self.pool(c.index, ti).bytes_per_slot
-                               for c in self.comps for ti, t in enumerate(TIERS)},
+            "pools": {f"{c.name}/{t.label}": self.pool(c.index, t).alloc.capacity
+                      for c in self.comps for t in self.pool_tiers},
+            "bytes_per_slot": {f"{c.name}/{t.label}": self.pool(c.index, t).bytes_per_slot
+                               for c in self.comps for t in self.pool_tiers},
         }
 
     def _ci_of(self, component: str) -> int:
@@ -116,9 +117,10 @@ class HiRadixCache(CacheCore):
                 child = self.split(child, k)
             path.append(child)
             off += k
-            f = child.data[0]
-            d_ok = f.value is not None
-            a_ok = d_ok or f.host_value is not None
+            fv = child.data[0].values
+            f_dev = fv[DEVICE] is not None
+            f_any = f_dev or fv[HOST] is not None  # resident, or loadable back from host
+            d_ok, a_ok = f_dev, f_any
             if aux:
                 d_ok = all([v(child) for v in dev_v]) and d_ok
                 a_ok = all([v(child) for v in any_v]) and a_ok
@@ -126,14 +128,14 @@ class HiRadixCache(CacheCore):
                 last_dev = len(path) - 1
             if a_ok:
                 best = len(path) - 1
-            if f.value is None and f.host_value is None:
+            if not f_any:
                 break
             full_len = off
             node = child
         matched = full_len
         dev_nodes = path[:last_dev + 1]
         dev_len = sum(len(x.key) for x in dev_nodes)
-        idx = torch.cat([x.data[0].value for x in dev_nodes]) if dev_nodes else _EMPTY
+        idx = torch.cat([x.data[0].values[DEVICE] for x in dev_nodes]) if dev_nodes else _EMPTY
         if self.loading:
             transfers.make_ready(self, dev_nodes)  # readable on return, CoW source included
         best_node = path[best] if best >= 0 else tree.root
@@ -154,7 +156,7 @@ class HiRadixCache(CacheCore):
 
     def _cow_mamba(self, node: Node) -> torch.Tensor | None:
         ci = self.ci["mamba"]
-        src = node.data[ci].value
+        src = node.data[ci].values[DEVICE]
         if src is None:
             return None
         rid = self.acquire(node, DEVICE, {0: self.tree.path_to_root(node), ci: [node]}, "cow")
@@ -235,7 +237,7 @@ class HiRadixCache(CacheCore):
     def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
         path = self.tree.path_to_root(n)
         k = 0
-        while k < len(path) and path[k].data[0].value is None:
+        while k < len(path) and path[k].data[0].values[DEVICE] is None:
             k += 1
         eff = path[k:]
         return {c.index: c.lock_pins(eff) for c in self.comps}, path[:k]
@@ -445,7 +447,7 @@ class HiRadixCache(CacheCore):
         for x in path:
             k = len(x.key)
             if off + k > start:
-                v = x.data[ci].value
+                v = x.data[ci].values[DEVICE]
                 if v is None:
                     raise ValueError(f"node {x.id} holds no {component} device data within the "
                                      f"requested range of node {node}'s path")
@@ -457,15 +459,19 @@ class HiRadixCache(CacheCore):
         return self.tree.prefix_len(self.node(node))
 
     def available(self, component: str = "full", tier: str = "device") -> int:
-        return self.pool(self._ci_of(component), TIERS.index(tier)).alloc.available
+        return self.pool(self._ci_of(component), self._tier_of(tier)).alloc.available
 
     def evictable_slots(self, component: str = "full", tier: str = "device") -> int:
         """Slots of ``component`` on ``tier`` held by unlocked tree values (what eviction can
         free): an ``alloc`` of at most ``available() + evictable_slots()`` does not run out of
         memory."""
-        if tier not in TIERS:
-            raise ValueError(f"tier={tier!r}: must be one of {TIERS}")
-        return self.evictable[self._ci_of(component)][TIERS.index(tier)]
+        return self.evictable[self._ci_of(component)][self._tier_of(tier)]
+
+    def _tier_of(self, tier: str) -> Tier:
+        labels = tuple(t.label for t in self.pool_tiers)
+        if tier not in labels:
+            raise ValueError(f"tier={tier!r}: must be one of {labels}")
+        return Tier.of(tier)
 
 
 def _check_amount(name: str, v) -> None:
@@ -473,4 +479,4 @@ def _check_amount(name: str, v) -> None:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
 
 
-__all__ = ["HiRadixCache", "HOST", "DEVICE"]
+__all__ = ["HiRadixCache"]

@@ -9,7 +9,7 @@ import torch
 from radixscope.cache import eviction, transfers
 from radixscope.cache.keys import match_len
 from radixscope.cache.results import InsertResult
-from radixscope.cache.state import DEVICE
+from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
@@ -37,7 +37,7 @@ def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> 
                 break
         if k < len(child.key):
             child = self.split(child, k)
-        if si is not None and off < heal_from < off + k and child.data[si].value is None:
+        if si is not None and off < heal_from < off + k and child.data[si].values[DEVICE] is None:
             child = self.split(child, heal_from - off)  # heal only the in-window live part
             k = len(child.key)
         _overlap(self, child, off, k, idx, swa, prev, swa_from, heal_from, si)
@@ -56,7 +56,7 @@ def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> 
     mamba_exist = False
     if mamba_slot is not None and node.parent is not None:
         mi = self.ci["mamba"]
-        if node.data[mi].value is not None:
+        if node.data[mi].values[DEVICE] is not None:
             mamba_exist = True
             self.free_slots(mi, DEVICE, mamba_slot)
         else:
@@ -85,7 +85,7 @@ def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: 
              heal_from: int, si: int | None) -> None:
     end = off + k
     f = node.data[0]
-    if f.value is None:
+    if f.values[DEVICE] is None:
         if off >= prev:  # un-evict: adopt the caller's fresh slots
             self.set_value(node, 0, DEVICE, idx[off:end].clone())
             self.request_held[0][DEVICE] -= k
@@ -100,7 +100,7 @@ def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: 
     lo = max(off, swa_from)
     if lo >= end:
         return
-    if s.value is None and lo == off and off >= heal_from and node.data[0].value is not None:
+    if s.values[DEVICE] is None and lo == off and off >= heal_from and node.data[0].values[DEVICE] is not None:
         self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
     else:
         self.free_slots(si, DEVICE, swa[lo:end])

@@ -21,7 +21,8 @@ from radixscope.cache import events as ev
 from radixscope.cache import eviction
 from radixscope.cache.errors import StaleHandle
 from radixscope.cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
-from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST, Tier
 from radixscope.cache.tree import Node
 
 
@@ -131,8 +132,8 @@ def make_ready(core: CacheCore, nodes) -> None:
         core.engine.make_ready(core, tid)
 
 
-def _tier(name: str) -> int:
-    return DEVICE if name == ev.TIER_DEVICE else HOST
+def _tier(name: str) -> Tier:
+    return Tier.of(name)
 
 
 def _run_cpu(core: CacheCore, t: Transfer) -> int:
@@ -174,7 +175,7 @@ def backup(core: CacheCore, node: Node, cis: set[int] | None = None) -> int | No
     chain: list[tuple[Node, list[int]]] = []
     cur = node
     while cur.parent is not None:
-        needs = [ci for ci, d in enumerate(cur.data) if d.value is not None and d.host_value is None
+        needs = [ci for ci, d in enumerate(cur.data) if d.values[DEVICE] is not None and d.values[HOST] is None
                  and (cis is None or ci in cis)]
         if not needs:
             break
@@ -203,7 +204,7 @@ def backup(core: CacheCore, node: Node, cis: set[int] | None = None) -> int | No
     r2 = core.acquire(node, HOST, host_pins, owner)
     host: dict[int, torch.Tensor] = {}
     for ci, with_ci in host_pins.items():
-        amount = sum(core.comps[ci].size(n.data[ci].value) for n in with_ci)
+        amount = sum(core.comps[ci].size(n.data[ci].values[DEVICE]) for n in with_ci)
         got = core.take_slots(ci, HOST, amount)
         if got is None:
             eviction.evict_host(core, ci, amount - core.pool(ci, HOST).alloc.available)
@@ -220,7 +221,7 @@ def backup(core: CacheCore, node: Node, cis: set[int] | None = None) -> int | No
         size = core.comps[ci].size
         srcs, off = [], 0
         for n in host_pins[ci]:
-            v = n.data[ci].value
+            v = n.data[ci].values[DEVICE]
             k = size(v)
             core.set_value(n, ci, HOST, dst[off:off + k].clone())
             srcs.append(v)
@@ -270,7 +271,7 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
         plans[comp.index] = nodes
         if c is not None:
             cut = (nodes[-1], c)
-    amounts = {ci: sum(core.comps[ci].size(n.data[ci].host_value) for n in ns)
+    amounts = {ci: sum(core.comps[ci].size(n.data[ci].values[HOST]) for n in ns)
                for ci, ns in plans.items() if ns}
     if cut is not None:
         amounts[si] -= len(cut[0].key) - cut[1]  # only the in-window pages load
@@ -279,7 +280,7 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
     if not amounts or (set(amounts) == {0} and amounts[0] < thresh):
         slot = _cow_now(core, anchor, mi) if want_cow else None
         return _result(core, anchor, {}, None, slot)
-    if want_cow and mi not in amounts and anchor.data[mi].value is None:
+    if want_cow and mi not in amounts and anchor.data[mi].values[DEVICE] is None:
         want_cow = False  # no state to copy on either tier
     need = dict(amounts)
     if want_cow:
@@ -311,7 +312,7 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
         size = core.comps[ci].size
         dst, srcs, off = slots[ci], [], 0
         for n in reversed(ns):  # root-first
-            hv = n.data[ci].host_value
+            hv = n.data[ci].values[HOST]
             k = size(hv)
             core.set_value(n, ci, DEVICE, dst[off:off + k].clone())
             srcs.append(hv)
@@ -322,7 +323,7 @@ def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
         state = anchor.data[mi]
         if mi not in slots:  # copying the device state: an earlier load-back may still write it
             make_ready(core, [anchor])
-        src = state.host_value if mi in slots else state.value
+        src = state.values[HOST] if mi in slots else state.values[DEVICE]
         copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
                                ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
     dev_pins, _ = core.lock_pins(anchor)
@@ -356,8 +357,8 @@ def _check_room(core: CacheCore, anchor: Node, need: dict[int, int]) -> None:
     pins, _ = core.lock_pins(anchor)
     for ci, amt in need.items():
         size = core.comps[ci].size
-        own = sum(size(n.data[ci].value) for n in pins.get(ci, ())
-                  if n.data[ci].value is not None and n.data[ci].lock_ref == 0)
+        own = sum(size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
+                  if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
         alloc = core.device_pools[ci].alloc
         if alloc.available + core.evictable[ci][DEVICE] - own < amt:
             raise core.oom(ci, DEVICE, amt, f"load-back; {own} evictable slots are on the "
@@ -399,7 +400,7 @@ def _alloc_all(core: CacheCore, amounts: dict[int, int], cow_ci) -> dict[int, to
 
 
 def _cow_now(core: CacheCore, anchor: Node, mi: int) -> torch.Tensor | None:
-    if anchor.data[mi].value is None:
+    if anchor.data[mi].values[DEVICE] is None:
         return None
     make_ready(core, [anchor])  # the state may come from a load-back still in flight
     return core._cow_mamba(anchor)
@@ -408,7 +409,7 @@ def _cow_now(core: CacheCore, anchor: Node, mi: int) -> torch.Tensor | None:
 def _result(core: CacheCore, anchor: Node, amounts: dict[int, int], tid, cow_slot
             ) -> LoadBackResult:
     path = core.tree.path_to_root(anchor)[::-1]
-    vals = [n.data[0].value for n in path]
+    vals = [n.data[0].values[DEVICE] for n in path]
     if any(v is None for v in vals):
         idx = torch.empty(0, dtype=torch.int64)
         k = 0

@@ -12,20 +12,21 @@ from array import array
 import torch
 
 from radixscope.cache.keys import child_key, empty_key, match_len
+from radixscope.cache.tiers import per_tier
 
 ROOT_ID = 0
 
 
 class ComponentData:
-    """One component's state on one node: device value (slot indices), host value, refs."""
+    """One component's state on one node, indexed by ``Tier``: ``values[t]`` the slot indices
+    held on tier ``t`` (None: nothing there), ``refs[t]`` the pins on it (the lock ref on
+    DEVICE, the host ref on HOST)."""
 
-    __slots__ = ("value", "host_value", "lock_ref", "host_ref")
+    __slots__ = ("values", "refs")
 
     def __init__(self) -> None:
-        self.value: torch.Tensor | None = None
-        self.host_value: torch.Tensor | None = None
-        self.lock_ref = 0
-        self.host_ref = 0
+        self.values: list[torch.Tensor | None] = per_tier(None)
+        self.refs: list[int] = per_tier(0)
 
 
 class Node:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
 
 
@@ -37,12 +38,12 @@ class Component:
     # ---- split phase ----------------------------------------------------------------------
     def split(self, child: ComponentData, new: ComponentData, k: int) -> None:
         """Redistribute ``child``'s data when its first ``k`` tokens move to the new parent."""
-        if child.value is not None:
-            new.value, child.value = child.value[:k], child.value[k:]
-        if child.host_value is not None:
-            new.host_value, child.host_value = child.host_value[:k], child.host_value[k:]
+        cv, nv = child.values, new.values
+        for t, v in enumerate(cv):
+            if v is not None:
+                nv[t], cv[t] = v[:k], v[k:]
         if self.copies_refs_on_split:
-            new.lock_ref, new.host_ref = child.lock_ref, child.host_ref
+            new.refs[:] = child.refs
 
     # ---- match phase -----------------------------------------------------------------------
     def validator(self, host_ok: bool) -> Callable[[Node], bool]:
@@ -53,7 +54,7 @@ class Component:
 
         def valid(node: Node) -> bool:
             d = node.data[i]
-            return d.value is not None or (host_ok and d.host_value is not None)
+            return d.values[DEVICE] is not None or (host_ok and d.values[HOST] is not None)
         return valid
 
     # ---- recency phase -------------------------------------------------------------------
@@ -77,7 +78,7 @@ class Component:
     def host_hit_length(self, path: list[Node]) -> int:
         """Slots a load-back anchored at ``path[0]`` (bottom-up path) would allocate."""
         nodes, cut = self.load_plan(path)
-        total = sum(self.size(n.data[self.index].host_value) for n in nodes)
+        total = sum(self.size(n.data[self.index].values[HOST]) for n in nodes)
         if cut is not None and nodes:
             total -= len(nodes[-1].key) - cut
         return total

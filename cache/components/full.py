@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from radixscope.cache.components.base import Component
+from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
@@ -19,7 +20,7 @@ class FullComponent(Component):
         i = self.index
         out = []
         for node in path:
-            if node.data[i].value is not None:
+            if node.data[i].values[DEVICE] is not None:
                 break
             out.append(node)
         return out, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from radixscope.cache.components.base import Component
 from radixscope.cache.keys import ceil_paged
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
 
 
@@ -30,7 +31,7 @@ class SwaComponent(Component):
 
         def valid(node: Node) -> bool:
             d = node.data[i]
-            if d.value is not None or (host_ok and d.host_value is not None):
+            if d.values[DEVICE] is not None or (host_ok and d.values[HOST] is not None):
                 run[0] += len(node.key)
                 return run[0] >= w
             run[0] = 0
@@ -64,11 +65,11 @@ class SwaComponent(Component):
                 break
             d = node.data[i]
             n = len(node.key)
-            if d.value is None and d.host_value is not None:
+            if d.values[DEVICE] is None and d.values[HOST] is not None:
                 out.append(node)
                 if covered + n > need:
                     cut = need - covered
-            elif d.value is None:
+            elif d.values[DEVICE] is None:
                 break  # a tombstone: the anchor would not have validated; nothing more to load
             covered += n
         return out, cut

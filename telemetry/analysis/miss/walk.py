@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixscope.cache.snapshot import CacheSnapshot, ComponentState, NodeSnapshot
+from radixscope.cache.snapshot import EMPTY_STATE, CacheSnapshot, ComponentState, NodeSnapshot
 
 STOP_KEY_END = "key_end"        # the whole key matched
 STOP_NO_CHILD = "no_child"      # no child starts with the key's next page
@@ -110,7 +110,7 @@ def state_of(tree: SnapTree, step: Step, comp: str) -> ComponentState:
     ci = tree.snap.components.index(comp)
     s = tree.by_id[step.node_id].components[ci]
     if step.partial and comp == "mamba":
-        return ComponentState(None, None, 0, 0)
+        return EMPTY_STATE
     return s
 
 
