@@ -11,7 +11,7 @@ Lifetime rules every component follows:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
@@ -24,6 +24,11 @@ class Component:
     uses_lru: bool = True        # FULL uses the evictable-leaf heap instead
     boundary_state: bool = False  # value belongs to the node's end (MAMBA)
     value_cap: int | None = None  # most slots one node's value may hold (SWA: one paged window)
+    # ---- what readers of snapshots ask (the explainer, the doctor, the UI) ----------------
+    display_name: str = ""       # how reports spell it (FULL, SWA, MAMBA)
+    unit: str = "tokens"         # what one slot of its pools holds
+    is_backbone: bool = False    # FULL: auxiliary data on a node implies FULL data there
+    tombstone_meaning: str = "no data on any tier"  # what a node without its data means
 
     def __init__(self, index: int, config) -> None:
         self.index = index
@@ -56,6 +61,16 @@ class Component:
             d = node.data[i]
             return d.values[DEVICE] is not None or (host_ok and d.values[HOST] is not None)
         return valid
+
+    @classmethod
+    def valid_prefix(cls, steps: Iterable[tuple[bool, int]], *, window: int | None = None
+                     ) -> list[bool]:
+        """The match rule on plain data (what ``validator`` decides on live nodes, for readers
+        of snapshots such as the miss explainer): per step of a matched path, top-down, given
+        whether this component holds data there (on the tiers that count) and how many tokens
+        the step matched, is it a valid match end? Default: it holds data. ``window`` is the
+        configured sliding window (components without one ignore it)."""
+        return [has for has, _k in steps]
 
     # ---- recency phase -------------------------------------------------------------------
     def recency_span(self, path: list[Node]) -> int:

@@ -11,6 +11,9 @@ class FullComponent(Component):
     name = "full"
     priority = 2
     uses_lru = False
+    display_name = "FULL"
+    is_backbone = True
+    tombstone_meaning = "a dead node: FULL holds no data on any tier (an invariant violation)"
 
     def lock_pins(self, path: list[Node]) -> list[Node]:
         return path  # the whole device-resident path to the root

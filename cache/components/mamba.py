@@ -16,6 +16,10 @@ class MambaComponent(Component):
     priority = 0
     copies_refs_on_split = False
     boundary_state = True
+    display_name = "MAMBA"
+    unit = "states"
+    tombstone_meaning = ("no recurrent state at this node's end (by design on most nodes; or "
+                         "dropped under MAMBA pressure / the per-path cap) while FULL stays")
 
     def size(self, value) -> int:
         return 1

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from radixscope.cache.components import rules
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.cache.tiers import TIER_LABELS
 from radixscope.telemetry.record.drops import Health
@@ -130,7 +131,7 @@ def budget_table(snap: CacheSnapshot) -> pd.DataFrame:
     rows = []
     for p in snap.pools:
         used = p.capacity - p.available
-        rows.append((p.component, p.tier, "states" if p.component == "mamba" else "tokens",
+        rows.append((p.component, p.tier, rules(p.component).unit,
                      p.capacity, p.available, p.evictable, p.protected, p.in_flight, p.held,
                      round(100.0 * used / p.capacity, 1) if p.capacity else 0.0))
     return pd.DataFrame(rows, columns=["component", "tier", "unit", "capacity", "available",
