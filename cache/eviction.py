@@ -71,8 +71,7 @@ def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
             and node.data[comp.index].refs[DEVICE] == 0]
     if (core.config.write_policy == "write_back" and core.config.has_host
             and any(node.data[cj].values[HOST] is None for cj in drop)):
-        from radixscope.cache import transfers  # local: transfers imports eviction for host room
-        transfers.backup_sync(core, node, set(drop))
+        core.save_to_host(node, set(drop))
     for cj in drop:
         comp = core.comps[cj]
         d = node.data[cj]
@@ -92,11 +91,9 @@ def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> bool:
     its own failed): then the unpinned host-only subtree is dropped with it; if anything in that
     subtree is pinned, the node stays resident (it is skipped, not corrupted). Returns whether
     the node was evicted."""
-    from radixscope.cache import transfers  # local: transfers imports eviction for host room
-
     f = node.data[0]
     if f.values[HOST] is None and core.config.write_policy == "write_back" and core.config.has_host:
-        transfers.backup_sync(core, node)
+        core.save_to_host(node)
     if f.values[HOST] is not None:
         acc.evicted.append(node.id)
         for comp in core.comps:

@@ -62,6 +62,9 @@ class HiRadixCache(CacheCore):
                                for c in self.comps for t in self.pool_tiers},
         }
 
+    def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
+        return transfers.backup_sync(self, node, cis)
+
     def _ci_of(self, component: str) -> int:
         ci = self.ci.get(component)
         if ci is None:

@@ -150,6 +150,17 @@ class Recording:
         finally:
             self.error_hook = hook
 
+    # ---- what observers (the crash window) read ------------------------------------------
+    @property
+    def current_op_id(self) -> int:
+        """The id of the op running now (or the last one that ran)."""
+        return self._cur_op
+
+    def pending_mutations(self) -> tuple[tuple, ...]:
+        """Mutations made by the op running now and not yet handed to the recorder (a failing
+        op's, before its record is written); plain tuples in ``Mutation`` order."""
+        return tuple(self._muts)
+
     def _m(self, kind: str, node, comp, tier, value) -> None:
         if self._on:
             self.seq = seq = self.seq + 1

@@ -113,6 +113,14 @@ class CacheCore(Recording):
             raise ValueError(f"{self.comps[ci].name}: tier {TIER_LABELS[tier]!r} has no pool")
         return p
 
+    # ---- hooks the executor provides ---------------------------------------------------------
+    def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
+        """Write-back: copy ``node``'s device data (only components ``cis`` when given) to host
+        and wait for it; False when the host tier had no room. Eviction calls this before
+        dropping unbacked data; ``HiRadixCache`` implements it with its transfer engine (so
+        eviction and transfers do not import each other)."""
+        raise NotImplementedError
+
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
         alloc = self.pool(ci, tier).alloc
