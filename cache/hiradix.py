@@ -18,24 +18,25 @@ from radixscope.cache import eviction, guards, insertion, invariants, transfers
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
-from radixscope.cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
+from radixscope.cache.keys import ceil_paged, check_namespace, key_len, normalize_key
+from radixscope.cache.locks import Locks
+from radixscope.cache.matching import Matching
 from radixscope.cache.results import (
     InsertResult,
     LoadBackResult,
-    LockReceipt,
     MatchResult,
     TransferId,
 )
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.cache.state import CacheCore
-from radixscope.cache.tiers import DEVICE, HOST, Tier, per_tier
+from radixscope.cache.tiers import DEVICE, Tier, per_tier
 from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(CacheCore):
+class HiRadixCache(Matching, Locks, CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -71,105 +72,6 @@ class HiRadixCache(CacheCore):
             raise ValueError(f"component={component!r} is not configured; have "
                              f"{[c.name for c in self.comps]}")
         return ci
-
-    # ---- match ----------------------------------------------------------------------------
-    def match_prefix(self, key, *, extra_key=None, cow_mamba: bool = False,
-                     req_id: str | None = None) -> MatchResult:
-        """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
-
-        Returns a frozen ``MatchResult`` (see its docstring for every field). What it returns is
-        readable: a load-back still in flight over the returned device prefix is made visible
-        first (CPU: its pending copy runs now; CUDA: the current stream waits on its event); the
-        load-back is still acked by ``poll``.
-        Mutates: splits the node where the match ends inside it (new node ids); recency and hit
-        counts of ``best_match_node`` and its ancestors; with ``cow_mamba``, when no load-back is
-        needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
-        (evicting if needed) and copies the state there; when a load-back is needed the copy
-        comes from ``load_back(match, cow_mamba=True)``, from the anchor's state.
-        Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
-        """
-        tokens = normalize_key(key, self.page_size)
-        check_namespace(extra_key)
-        return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
-
-    def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
-        tree = self.tree
-        root = tree.root
-        ps = self.page_size
-        # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
-        # so each sees every node of the path top-down
-        aux = self.comps[1:]
-        dev_v = [c.validator(False) for c in aux]
-        any_v = [c.validator(True) for c in aux]
-        path: list[Node] = []
-        last_dev = best = -1
-        full_len = 0
-        node, off, n = root, 0, len(tokens)
-        while off < n:
-            ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
-            child = node.children.get((extra_key, ck) if node is root else ck)
-            if child is None:
-                break
-            key = child.key
-            k = len(key)
-            if tokens[off:off + k] != key:  # whole-node match first: one C compare
-                k = match_len(tokens, off, key, ps)
-                if not k:
-                    break
-            if k < len(key):
-                child = self.split(child, k)
-            path.append(child)
-            off += k
-            fv = child.data[0].values
-            f_dev = fv[DEVICE] is not None
-            f_any = f_dev or fv[HOST] is not None  # resident, or loadable back from host
-            d_ok, a_ok = f_dev, f_any
-            if aux:
-                d_ok = all([v(child) for v in dev_v]) and d_ok
-                a_ok = all([v(child) for v in any_v]) and a_ok
-            if d_ok:
-                last_dev = len(path) - 1
-            if a_ok:
-                best = len(path) - 1
-            if not f_any:
-                break
-            full_len = off
-            node = child
-        matched = full_len
-        dev_nodes = path[:last_dev + 1]
-        dev_len = sum(len(x.key) for x in dev_nodes)
-        idx = torch.cat([x.data[0].values[DEVICE] for x in dev_nodes]) if dev_nodes else _EMPTY
-        if self.loading:
-            transfers.make_ready(self, dev_nodes)  # readable on return, CoW source included
-        best_node = path[best] if best >= 0 else tree.root
-        up = path[:best + 1][::-1]
-        hits = {c.name: c.host_hit_length(up) for c in self.comps}
-        mamba_slot = None
-        if best >= 0:
-            self.touch(best_node)
-        if cow and "mamba" in self.ci and last_dev >= 0 and last_dev == best:
-            mamba_slot = self._cow_mamba(path[last_dev])  # else load_back(cow_mamba=True)
-        return MatchResult(
-            device_indices=idx, device_prefix_len=dev_len,
-            last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
-            last_host_node=best_node.id, best_match_node=best_node.id,
-            host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
-            mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
-            extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
-
-    def _cow_mamba(self, node: Node) -> torch.Tensor | None:
-        ci = self.ci["mamba"]
-        src = node.data[ci].values[DEVICE]
-        if src is None:
-            return None
-        rid = self.acquire(node, DEVICE, {0: self.tree.path_to_root(node), ci: [node]}, "cow")
-        try:
-            slot = self._alloc(ci, 1)
-        finally:
-            self.release(self.locks[rid])
-        pool = self.device_pools[ci]
-        pool.write(slot, pool.read(src))
-        return slot
 
     # ---- insert ---------------------------------------------------------------------------
     def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
@@ -224,67 +126,6 @@ class HiRadixCache(CacheCore):
             return out
         return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
                                                       for t in out.backups))
-
-    # ---- locks ----------------------------------------------------------------------------
-    def lock(self, node: int, *, owner: str | None = None, req_id: str | None = None
-             ) -> LockReceipt:
-        """Pin ``node`` against eviction. FULL pins the device path to the root and skips (and
-        records in ``receipt.skipped``) an evicted bottom segment; SWA pins one window; MAMBA
-        the anchor. Returns the receipt ``unlock`` needs. Mutates: lock refs, ledgers
-        (evictable -> protected), evictable-leaf sets. Emits: ``lock`` op, ``lock.acquire``."""
-        n = self.node(node)
-        if owner is not None and not isinstance(owner, str):
-            raise TypeError(f"owner must be a str or None, got {owner!r}")
-        return self._run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
-
-    def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
-        path = self.tree.path_to_root(n)
-        k = 0
-        while k < len(path) and path[k].data[0].values[DEVICE] is None:
-            k += 1
-        eff = path[k:]
-        return {c.index: c.lock_pins(eff) for c in self.comps}, path[:k]
-
-    def _lock(self, n: Node, owner) -> LockReceipt:
-        pins, skipped = self.lock_pins(n)
-        rid = self.acquire(n, DEVICE, pins, owner)
-        return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE,
-                           tuple((self.comps[ci].name, tuple(x.id for x in ns))
-                                 for ci, ns in sorted(pins.items()) if ns),
-                           tuple(x.id for x in skipped), False, self.instance)
-
-    def _entry_of(self, receipt) -> object:
-        if not isinstance(receipt, LockReceipt):
-            raise TypeError(f"expected a LockReceipt, got {type(receipt).__name__}")
-        entry = self.locks.get(receipt.receipt_id)
-        if receipt.cache_instance != self.instance:
-            raise ValueError(f"receipt {receipt.receipt_id} belongs to another cache instance")
-        if entry is None:
-            raise ValueError(f"receipt {receipt.receipt_id} (anchor {receipt.anchor}) is not "
-                             "live: already unlocked")
-        if entry.anchor != receipt.anchor or entry.owner != receipt.owner:
-            raise ValueError(f"receipt {receipt.receipt_id} does not match the live lock "
-                             f"(anchor {entry.anchor}, owner {entry.owner!r})")
-        return entry
-
-    def unlock(self, receipt: LockReceipt, *, req_id: str | None = None) -> None:
-        """Release a lock. A double unlock or a foreign receipt raises ValueError.
-        Mutates: lock refs, ledgers, leaf sets. Emits: ``unlock`` op, ``lock.release``."""
-        entry = self._entry_of(receipt)
-        self._run(ev.OP_UNLOCK, req_id, self.release, entry)
-
-    def release_swa(self, receipt: LockReceipt, *, req_id: str | None = None) -> LockReceipt:
-        """Release a lock's SWA window (and its lower-priority MAMBA pin) early, once decode has
-        moved past the window. Returns a new receipt; ``unlock`` it later as usual."""
-        if "swa" not in self.ci:
-            raise ValueError("release_swa needs the 'swa' component")
-        entry = self._entry_of(receipt)
-        if receipt.swa_released:
-            raise ValueError(f"receipt {receipt.receipt_id}: SWA window already released")
-        pri = self.comps[self.ci["swa"]].priority
-        cis = {c.index for c in self.comps if c.priority <= pri}
-        self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
-        return dataclasses.replace(receipt, swa_released=True)
 
     # ---- request-private slots -------------------------------------------------------------
     def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
