@@ -7,22 +7,21 @@ raises TypeError/ValueError naming the value before anything changes. See cache/
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import torch
 
 from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
-from radixscope.cache import eviction, guards, insertion, invariants, transfers
+from radixscope.cache import eviction, guards, invariants, transfers
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
-from radixscope.cache.keys import ceil_paged, check_namespace, key_len, normalize_key
+from radixscope.cache.insertion import Insertion
+from radixscope.cache.keys import ceil_paged
 from radixscope.cache.locks import Locks
 from radixscope.cache.matching import Matching
 from radixscope.cache.results import (
-    InsertResult,
     LoadBackResult,
     MatchResult,
     TransferId,
@@ -36,7 +35,7 @@ _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(Matching, Locks, CacheCore):
+class HiRadixCache(Matching, Insertion, Locks, CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -74,59 +73,6 @@ class HiRadixCache(Matching, Locks, CacheCore):
         return ci
 
     # ---- insert ---------------------------------------------------------------------------
-    def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
-               swa_indices: torch.Tensor | None = None, mamba_slot: torch.Tensor | None = None,
-               prev_prefix_len: int = 0, swa_evicted_len: int = 0,
-               req_id: str | None = None) -> InsertResult:
-        """Cache ``key`` with the caller's FULL device slots (and SWA slots / MAMBA state).
-
-        Args:
-            key: token ids; truncated to whole pages. ``device_indices`` must have ``len(key)``
-                entries; those beyond the page-aligned length stay with the caller.
-            swa_indices: with SWA, the caller's SWA slots per position (positions below
-                ``swa_evicted_len`` are ignored: the caller already freed them).
-            mamba_slot: with MAMBA, a 1-element tensor: the state at the key's end, donated.
-            prev_prefix_len: the caller's prefix that came from the tree (its slots are the
-                tree's own and are never freed here).
-        Returns: ``InsertResult``; ``prefix_len`` tokens were already present and the caller's
-            slots for them (at or beyond ``prev_prefix_len``) were freed.
-        Mutates: new leaf / splits; un-evicts host-only nodes by adopting the caller's slots;
-            heals SWA tombstones inside the caller's live range; donates the MAMBA state; hit
-            counts and recency; write-through backups; the MAMBA per-path cap.
-        Emits: one ``insert`` op; structure, state, pool and transfer mutations.
-        """
-        raw_len = key_len(key)
-        tokens = normalize_key(key, self.page_size)
-        check_namespace(extra_key)
-        idx = insertion.check_indices(self, device_indices, raw_len, "device_indices", None)
-        swa = None
-        if "swa" in self.ci:
-            if swa_indices is None:
-                raise ValueError("swa_indices is required when the 'swa' component is configured")
-            swa = insertion.check_indices(self, swa_indices, raw_len, "swa_indices", None)
-        elif swa_indices is not None:
-            raise ValueError("swa_indices given but the 'swa' component is not configured")
-        if mamba_slot is not None:
-            if "mamba" not in self.ci:
-                raise ValueError("mamba_slot given but the 'mamba' component is not configured")
-            mamba_slot = insertion.check_indices(self, mamba_slot, 1, "mamba_slot", None)
-        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} must be an int >= 0")
-        if swa_evicted_len % self.page_size:
-            raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
-                             f"(page_size={self.page_size})")
-        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
-                                  prev_prefix_len, swa_evicted_len)
-        n = len(tokens)
-        out = self._run(ev.OP_INSERT, req_id, insertion.insert_walk, self, tokens, extra_key,
-                        idx[:n], None if swa is None else swa[:n], mamba_slot,
-                        prev_prefix_len, swa_evicted_len)
-        if not out.backups:
-            return out
-        return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
-                                                      for t in out.backups))
-
     # ---- request-private slots -------------------------------------------------------------
     def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
               ) -> torch.Tensor:
