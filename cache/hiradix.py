@@ -13,10 +13,11 @@ import torch
 
 from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
-from radixscope.cache import eviction, guards, invariants, transfers
+from radixscope.cache import guards, invariants
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
+from radixscope.cache.eviction import Eviction
 from radixscope.cache.insertion import Insertion
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.locks import Locks
@@ -29,13 +30,14 @@ from radixscope.cache.results import (
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, Tier, per_tier
+from radixscope.cache.transfers import TransferEngine, Transfers
 from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(Matching, Insertion, Locks, CacheCore):
+class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -46,7 +48,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         super().__init__(config, recorder)
         self.instance = next(_instances)
         self.request_held = [per_tier(0) for _ in self.comps]
-        self.engine = transfers.TransferEngine(config.device)
+        self.engine = TransferEngine(config.device)
         if self._on:
             self.recorder.attach(self.info(), self.snapshot())
 
@@ -63,7 +65,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         }
 
     def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
-        return transfers.backup_sync(self, node, cis)
+        return self._backup_sync(node, cis)
 
     def _ci_of(self, component: str) -> int:
         ci = self.ci.get(component)
@@ -90,7 +92,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         if alloc.available < need:
             if alloc.available + self.evictable[ci][DEVICE] < need:
                 raise self.oom(ci, DEVICE, need)
-            eviction.evict_device(self, ci, need - alloc.available)
+            self._evict_device(ci, need - alloc.available)
         out = self.take_slots(ci, DEVICE, need)
         if out is None:
             raise self.oom(ci, DEVICE, need, "eviction could not reach the evictable total")
@@ -124,7 +126,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         self.request_held[ci][DEVICE] -= n
         return n
 
-    # ---- eviction / transfers (bodies in eviction.py, transfers.py) ------------------------
+    # ---- eviction / transfers (methods in eviction.py, transfers.py) -----------------------
     def evict(self, num_tokens: int, *, component: str = "full", req_id: str | None = None):
         """Free at least ``num_tokens`` device slots of ``component`` (LRU). Returns an
         ``EvictResult``. Backed-up leaves become host-only; unbacked ones are deleted (under
@@ -132,7 +134,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         the first locked or host-referenced node. Internal SWA/MAMBA data is tombstoned."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT, req_id, eviction.evict_device, self, ci, num_tokens)
+        return self._run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
 
     def evict_host(self, num_tokens: int, *, component: str = "full",
                    req_id: str | None = None):
@@ -140,7 +142,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT_HOST, req_id, eviction.evict_host, self, ci, num_tokens)
+        return self._run(ev.OP_EVICT_HOST, req_id, self._evict_host_slots, ci, num_tokens)
 
     def backup(self, node: int, *, req_id: str | None = None) -> int | None:
         """Start a device -> host copy of ``node`` (and, under write-through, its unbacked
@@ -150,7 +152,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         n = self.node(node)
         if not self.config.has_host:
             raise ValueError("backup needs a host tier (host_tokens > 0)")
-        tid = self._run(ev.OP_BACKUP, req_id, transfers.backup, self, n)
+        tid = self._run(ev.OP_BACKUP, req_id, self._backup, n)
         return None if tid is None else TransferId(tid, self.instance)
 
     def load_back(self, match: MatchResult, *, cow_mamba: bool = False,
@@ -164,7 +166,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
         guards.check_handle(self, match, "MatchResult")
         anchor = self.node(match.best_match_node)
-        return self._run(ev.OP_LOAD_BACK, req_id, transfers.load_back, self, anchor,
+        return self._run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
                          bool(cow_mamba))
 
     def poll(self, transfer_ids=None, *, wait: bool = False) -> list[int]:
@@ -175,7 +177,7 @@ class HiRadixCache(Matching, Insertion, Locks, CacheCore):
         that enqueued it."""
         if transfer_ids is not None:
             transfer_ids = guards.check_poll_ids(self, transfer_ids)
-        return [TransferId(t, self.instance) for t in transfers.poll(self, transfer_ids, wait)]
+        return [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see

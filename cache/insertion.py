@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import eviction, guards, transfers
+from radixscope.cache import guards
 from radixscope.cache.keys import check_namespace, key_len, match_len, normalize_key
 from radixscope.cache.results import InsertResult, TransferId
 from radixscope.cache.state import CacheCore
@@ -126,9 +126,9 @@ class Insertion(CacheCore):
             self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
             self.request_held[self.ci["mamba"]][DEVICE] -= 1
         self.touch(node)
-        backups = transfers.backup_after_insert(self, node) if node.parent is not None else ()
+        backups = self._backup_after_insert(node) if node.parent is not None else ()
         if "mamba" in self.ci and node.parent is not None:
-            eviction.enforce_mamba_cap(self, node)
+            self._enforce_mamba_cap(node)
         return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
 
     def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:

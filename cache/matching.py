@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import transfers
 from radixscope.cache.keys import check_namespace, match_len, normalize_key
 from radixscope.cache.results import MatchResult
 from radixscope.cache.state import CacheCore
@@ -86,7 +85,7 @@ class Matching(CacheCore):
         dev_len = sum(len(x.key) for x in dev_nodes)
         idx = torch.cat([x.data[0].values[DEVICE] for x in dev_nodes]) if dev_nodes else _EMPTY
         if self.loading:
-            transfers.make_ready(self, dev_nodes)  # readable on return, CoW source included
+            self._make_ready_nodes(dev_nodes)  # readable on return, CoW source included
         best_node = path[best] if best >= 0 else tree.root
         up = path[:best + 1][::-1]
         hits = {c.name: c.host_hit_length(up) for c in self.comps}

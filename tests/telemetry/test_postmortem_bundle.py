@@ -65,7 +65,7 @@ def test_load_back_oom_writes_a_bundle_that_rebuilds_every_seq_of_its_window(tmp
                         "evictable": 0, "protected": 0}
     assert f["traceback"][-1].startswith("radixscope.cache.errors.CacheOutOfMemory: full/device pool out")
     # the room check fails before the load-back changes anything (no split, no pins)
-    assert [fr["function"] for fr in f["frames"]] == ["_run", "load_back", "_check_room"]
+    assert [fr["function"] for fr in f["frames"]] == ["_run", "_load_back", "_check_room"]
     w = r.manifest()["window"]
     assert (w["keyframe_seq"], w["first_seq"], w["last_seq"], w["replayable"], w["ops"]) == (
         52, 53, 82, True, 8)
