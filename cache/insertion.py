@@ -10,7 +10,7 @@ import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache import guards
-from radixscope.cache.keys import check_namespace, key_len, match_len, normalize_key
+from radixscope.cache.keys import check_namespace, key_len, normalize_key
 from radixscope.cache.results import InsertResult, TransferId
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE
@@ -78,23 +78,17 @@ class Insertion(CacheCore):
         tree = self.tree
         si = self.ci.get("swa")
         root = tree.root
-        ps = self.page_size
         node, off, n = root, 0, len(tokens)
         swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
         # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
         # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
         heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
+        descend = tree.descend
         while off < n:
-            ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
-            child = node.children.get((extra_key, ck) if node is root else ck)
-            if child is None:
+            step = descend(node, tokens, off, extra_key)
+            if step is None:
                 break
-            key = child.key
-            k = len(key)
-            if tokens[off:off + k] != key:  # whole-node match first: one C compare
-                k = match_len(tokens, off, key, ps)
-                if not k:
-                    break
+            child, k = step
             if k < len(child.key):
                 child = self.split(child, k)
             if si is not None and off < heal_from < off + k and child.data[si].values[DEVICE] is None:

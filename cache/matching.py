@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache.keys import check_namespace, match_len, normalize_key
+from radixscope.cache.keys import check_namespace, normalize_key
 from radixscope.cache.results import MatchResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, HOST
@@ -40,7 +40,6 @@ class Matching(CacheCore):
     def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
         tree = self.tree
         root = tree.root
-        ps = self.page_size
         # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
         # so each sees every node of the path top-down
         aux = self.comps[1:]
@@ -50,18 +49,13 @@ class Matching(CacheCore):
         last_dev = best = -1
         full_len = 0
         node, off, n = root, 0, len(tokens)
+        descend = tree.descend
         while off < n:
-            ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
-            child = node.children.get((extra_key, ck) if node is root else ck)
-            if child is None:
+            step = descend(node, tokens, off, extra_key)
+            if step is None:
                 break
-            key = child.key
-            k = len(key)
-            if tokens[off:off + k] != key:  # whole-node match first: one C compare
-                k = match_len(tokens, off, key, ps)
-                if not k:
-                    break
-            if k < len(key):
+            child, k = step
+            if k < len(child.key):
                 child = self.split(child, k)
             path.append(child)
             off += k
