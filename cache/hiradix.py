@@ -30,7 +30,8 @@ from radixscope.cache.results import (
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, Tier, per_tier
-from radixscope.cache.transfers import TransferEngine, Transfers
+from radixscope.cache.transfer_engine import TransferEngine
+from radixscope.cache.transfers import Transfers
 from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
