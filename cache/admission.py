@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.results import MatchResult
-from radixscope.cache.state import DEVICE
+from radixscope.cache.tiers import DEVICE
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def admission(core, match: MatchResult, extend_len: int, chunk_tokens: int | Non
     out = []
     for comp in core.comps:
         ci = comp.index
-        own = sum(comp.size(n.data[ci].value) for n in pins.get(ci, ())
-                  if n.data[ci].value is not None and n.data[ci].lock_ref == 0)
+        own = sum(comp.size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
+                  if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
         if comp.name == "full":
             load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
         elif comp.name == "swa":

@@ -22,8 +22,9 @@ Mutation tuple layout (also ``Mutation`` below): ``(seq, op_id, kind, node, comp
 | ``node.delete``  | id          | -               | ``None``                                                |
 | ``node.touch``   | deepest id  | -               | ``tick``: the node and its ancestors (not the root) get |
 |                  |             |                 | ``last_access = tick`` and ``hit_count += 1``           |
-| ``comp.state``   | id          | comp / -        | ``(device_len, host_len, lock_ref, host_ref)``;         |
-|                  |             |                 | a length is ``None`` when that tier holds no value      |
+| ``comp.state``   | id          | comp / -        | ``(lens, refs)``: one entry per tier in ``Tier`` order; |
+|                  |             |                 | a length is ``None`` when that tier holds no value, a   |
+|                  |             |                 | ref is the pins there (lock ref on device, host ref ...)|
 | ``lock.acquire`` | anchor id   | - / tier        | ``(receipt_id, owner, ((comp, (node ids)), ...))``      |
 | ``lock.release`` | anchor id   | - / tier        | ``(receipt_id, ((comp, (node ids)), ...), final)``;     |
 |                  |             |                 | ``final`` retires the lock (False: partial SWA release) |
@@ -37,6 +38,8 @@ from __future__ import annotations
 import collections
 import threading
 from typing import Any, NamedTuple
+
+from radixscope.cache.tiers import DEVICE, HOST, STORAGE
 
 # ---- op names (public operations) ------------------------------------------------------------
 OP_MATCH = "match"
@@ -69,8 +72,10 @@ TRANSFER_DONE = "transfer.done"
 MUTATION_KINDS = (NODE_CREATE, NODE_SPLIT, NODE_DELETE, NODE_TOUCH, COMP_STATE, LOCK_ACQUIRE,
                   LOCK_RELEASE, POOL_AVAILABLE, TRANSFER_START, TRANSFER_DONE)
 
-TIER_DEVICE = "device"
-TIER_HOST = "host"
+# tiers are named in records by their label (see tiers.py, the one module that lists them)
+TIER_DEVICE = DEVICE.label
+TIER_HOST = HOST.label
+TIER_STORAGE = STORAGE.label
 
 # ---- attribute keys used in op records (telemetry maps them onto span attributes) -----------
 A_DEVICE_TOKENS = "device_tokens"

@@ -16,7 +16,8 @@ component's host copies.
 from __future__ import annotations
 
 from radixscope.cache.results import EvictResult
-from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
 
 
@@ -41,84 +42,6 @@ class _Acc:
                            tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned))
 
 
-def evict_device(core: CacheCore, ci: int, num: int) -> EvictResult:
-    """Free at least ``num`` device slots of component ``ci`` (fewer if nothing else is evictable)."""
-    acc = _Acc(core)
-    if ci == 0:
-        while acc.freed[0] < num:
-            leaf = core.pop_leaf(DEVICE)
-            if leaf is None:
-                break
-            evict_leaf(core, leaf, acc)
-        return acc.result(num)
-    lru = core.lru[ci][DEVICE]
-    while acc.freed[ci] < num:
-        victim = next((n for n in lru.values() if n.data[ci].lock_ref == 0), None)
-        if victim is None:
-            break
-        tombstone(core, victim, ci, acc)
-    return acc.result(num)
-
-
-def tombstone(core: CacheCore, node: Node, ci: int, acc: _Acc) -> None:
-    """Drop component ``ci``'s device data on a node (leaf or internal), cascading to lower
-    priorities (pinned lower components are spared). FULL stays: the node keeps its place in
-    the tree. Under write_back the dropped data is first copied to host (when there is room)."""
-    pri = core.comps[ci].priority
-    drop = [comp.index for comp in core.comps
-            if comp.priority <= pri and node.data[comp.index].value is not None
-            and node.data[comp.index].lock_ref == 0]
-    if (core.config.write_policy == "write_back" and core.config.has_host
-            and any(node.data[cj].host_value is None for cj in drop)):
-        from radixscope.cache import transfers  # local: transfers imports eviction for host room
-        transfers.backup_sync(core, node, set(drop))
-    for cj in drop:
-        comp = core.comps[cj]
-        d = node.data[cj]
-        if d.value is None or d.lock_ref > 0:
-            continue
-        v = d.value
-        core.set_value(node, comp.index, DEVICE, None)
-        acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
-        acc.tombstoned.append((comp.name, node.id))
-
-
-def evict_leaf(core: CacheCore, node: Node, acc: _Acc) -> bool:
-    """Evict a device leaf whole: demote it to host-only when backed up (under write_back, back
-    it up synchronously first), otherwise delete it and its useless childless ancestors.
-
-    Under write_back a device leaf may still have host-only children (their backups succeeded,
-    its own failed): then the unpinned host-only subtree is dropped with it; if anything in that
-    subtree is pinned, the node stays resident (it is skipped, not corrupted). Returns whether
-    the node was evicted."""
-    from radixscope.cache import transfers  # local: transfers imports eviction for host room
-
-    f = node.data[0]
-    if f.host_value is None and core.config.write_policy == "write_back" and core.config.has_host:
-        transfers.backup_sync(core, node)
-    if f.host_value is not None:
-        acc.evicted.append(node.id)
-        for comp in core.comps:
-            d = node.data[comp.index]
-            if d.value is not None:
-                v = d.value
-                core.set_value(node, comp.index, DEVICE, None)
-                acc.freed[comp.index] += core.free_slots(comp.index, DEVICE, v)
-        acc.demoted.append(node.id)
-        return True
-    subtree = _post_order(node)
-    if any(d.lock_ref or d.host_ref for n in subtree for d in n.data):
-        return False  # a pinned host-only descendant: leave this node resident
-    acc.evicted.append(node.id)
-    parent = node.parent
-    for n in subtree:  # children first, so every delete is of a childless node
-        dev, _host = core.delete(n)
-        acc.add(dev)
-        acc.deleted.append(n.id)
-    delete_tombstone_ancestors(core, parent, acc, DEVICE)
-    return True
-
-
 def _post_order(node: Node) -> list[Node]:
     out, stack = [], [(node, False)]
     while stack:
@@ -132,69 +55,141 @@ def _post_order(node: Node) -> list[Node]:
 
 
 def is_useless(node: Node) -> bool:
-    """A node some component can never accept as a match end (no data on either tier)."""
-    return any(d.value is None and d.host_value is None for d in node.data)
+    """A node some component can never accept as a match end (no data on any tier)."""
+    return any(all(v is None for v in d.values) for d in node.data)
 
 
-def delete_tombstone_ancestors(core: CacheCore, node: Node, acc: _Acc, tier: int) -> None:
-    """Walk up deleting childless useless nodes. Stops at the root and at any node with a
-    lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
-    while (node.parent is not None and not node.children and is_useless(node)
-           and all(d.lock_ref == 0 and d.host_ref == 0 for d in node.data)):
-        parent = node.parent
-        dev, host = core.delete(node)
-        acc.add(dev if tier == DEVICE else host)
-        acc.deleted.append(node.id)
-        node = parent
+class Eviction(CacheCore):
+    """LRU eviction on the device and host tiers: methods of ``HiRadixCache``."""
 
-
-def evict_host(core: CacheCore, ci: int, num: int) -> EvictResult:
-    """Free at least ``num`` host slots of component ``ci``."""
-    acc = _Acc(core)
-    if ci == 0:
-        while acc.freed[0] < num:
-            leaf = core.pop_leaf(HOST)
-            if leaf is None:
+    def _evict_device(self, ci: int, num: int) -> EvictResult:
+        """Free at least ``num`` device slots of component ``ci`` (fewer if nothing else is evictable)."""
+        acc = _Acc(self)
+        if ci == 0:
+            while acc.freed[0] < num:
+                leaf = self.pop_leaf(DEVICE)
+                if leaf is None:
+                    break
+                self._evict_leaf(leaf, acc)
+            return acc.result(num)
+        lru = self.lru[ci][DEVICE]
+        while acc.freed[ci] < num:
+            victim = next((n for n in lru.values() if n.data[ci].refs[DEVICE] == 0), None)
+            if victim is None:
                 break
-            _evict_host_leaf(core, leaf, acc)
+            self._tombstone(victim, ci, acc)
         return acc.result(num)
-    lru = core.lru[ci][HOST]
-    while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
-        victim = next((n for n in lru.values() if n.data[ci].host_ref == 0), None)
-        if victim is None:
-            break
-        v = victim.data[ci].host_value
-        core.set_value(victim, ci, HOST, None)
-        acc.freed[ci] += core.free_slots(ci, HOST, v)
-        acc.tombstoned.append((core.comps[ci].name, victim.id))
-    return acc.result(num)
+
+    def _tombstone(self, node: Node, ci: int, acc: _Acc) -> None:
+        """Drop component ``ci``'s device data on a node (leaf or internal), cascading to lower
+        priorities (pinned lower components are spared). FULL stays: the node keeps its place in
+        the tree. Under write_back the dropped data is first copied to host (when there is room)."""
+        pri = self.comps[ci].priority
+        drop = [comp.index for comp in self.comps
+                if comp.priority <= pri and node.data[comp.index].values[DEVICE] is not None
+                and node.data[comp.index].refs[DEVICE] == 0]
+        if (self.config.write_policy == "write_back" and self.config.has_host
+                and any(node.data[cj].values[HOST] is None for cj in drop)):
+            self.save_to_host(node, set(drop))
+        for cj in drop:
+            comp = self.comps[cj]
+            d = node.data[cj]
+            if d.values[DEVICE] is None or d.refs[DEVICE] > 0:
+                continue
+            v = d.values[DEVICE]
+            self.set_value(node, comp.index, DEVICE, None)
+            acc.freed[comp.index] += self.free_slots(comp.index, DEVICE, v)
+            acc.tombstoned.append((comp.name, node.id))
+
+    def _evict_leaf(self, node: Node, acc: _Acc) -> bool:
+        """Evict a device leaf whole: demote it to host-only when backed up (under write_back, back
+        it up synchronously first), otherwise delete it and its useless childless ancestors.
+
+        Under write_back a device leaf may still have host-only children (their backups succeeded,
+        its own failed): then the unpinned host-only subtree is dropped with it; if anything in that
+        subtree is pinned, the node stays resident (it is skipped, not corrupted). Returns whether
+        the node was evicted."""
+        f = node.data[0]
+        if f.values[HOST] is None and self.config.write_policy == "write_back" and self.config.has_host:
+            self.save_to_host(node)
+        if f.values[HOST] is not None:
+            acc.evicted.append(node.id)
+            for comp in self.comps:
+                d = node.data[comp.index]
+                if d.values[DEVICE] is not None:
+                    v = d.values[DEVICE]
+                    self.set_value(node, comp.index, DEVICE, None)
+                    acc.freed[comp.index] += self.free_slots(comp.index, DEVICE, v)
+            acc.demoted.append(node.id)
+            return True
+        subtree = _post_order(node)
+        if any(any(d.refs) for n in subtree for d in n.data):
+            return False  # a pinned host-only descendant: leave this node resident
+        acc.evicted.append(node.id)
+        parent = node.parent
+        for n in subtree:  # children first, so every delete is of a childless node
+            acc.add(self.delete(n)[DEVICE])
+            acc.deleted.append(n.id)
+        self._delete_tombstone_ancestors(parent, acc, DEVICE)
+        return True
+
+    def _delete_tombstone_ancestors(self, node: Node, acc: _Acc, tier: int) -> None:
+        """Walk up deleting childless useless nodes. Stops at the root and at any node with a
+        lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
+        while (node.parent is not None and not node.children and is_useless(node)
+               and not any(any(d.refs) for d in node.data)):
+            parent = node.parent
+            acc.add(self.delete(node)[tier])
+            acc.deleted.append(node.id)
+            node = parent
+
+    def _evict_host_slots(self, ci: int, num: int) -> EvictResult:
+        """Free at least ``num`` host slots of component ``ci``."""
+        acc = _Acc(self)
+        if ci == 0:
+            while acc.freed[0] < num:
+                leaf = self.pop_leaf(HOST)
+                if leaf is None:
+                    break
+                self._evict_host_leaf(leaf, acc)
+            return acc.result(num)
+        lru = self.lru[ci][HOST]
+        while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
+            victim = next((n for n in lru.values() if n.data[ci].refs[HOST] == 0), None)
+            if victim is None:
+                break
+            v = victim.data[ci].values[HOST]
+            self.set_value(victim, ci, HOST, None)
+            acc.freed[ci] += self.free_slots(ci, HOST, v)
+            acc.tombstoned.append((self.comps[ci].name, victim.id))
+        return acc.result(num)
+
+    def _evict_host_leaf(self, node: Node, acc: _Acc) -> None:
+        acc.evicted.append(node.id)
+        parent = node.parent
+        acc.add(self.delete(node)[HOST])
+        acc.deleted.append(node.id)
+        self._delete_tombstone_ancestors(parent, acc, HOST)
+
+    def _enforce_mamba_cap(self, tail: Node) -> None:
+        """Keep at most ``mamba_max_states_per_path`` device states on ``tail``'s root path by
+        tombstoning the shallowest unpinned single-child holders (never the tail or a fork)."""
+        cap = self.config.mamba_max_states_per_path
+        if cap is None:
+            return
+        mi = self.ci["mamba"]
+        holders = [n for n in self.tree.path_to_root(tail) if n.data[mi].values[DEVICE] is not None]
+        excess = len(holders) - cap
+        for node in reversed(holders):  # shallowest first
+            if excess <= 0:
+                break
+            d = node.data[mi]
+            if node is tail or len(node.children) != 1 or d.refs[DEVICE] > 0:
+                continue
+            v = d.values[DEVICE]
+            self.set_value(node, mi, DEVICE, None)
+            self.free_slots(mi, DEVICE, v)
+            excess -= 1
 
 
-def _evict_host_leaf(core: CacheCore, node: Node, acc: _Acc) -> None:
-    acc.evicted.append(node.id)
-    parent = node.parent
-    _dev, host = core.delete(node)
-    acc.add(host)
-    acc.deleted.append(node.id)
-    delete_tombstone_ancestors(core, parent, acc, HOST)
-
-
-def enforce_mamba_cap(core: CacheCore, tail: Node) -> None:
-    """Keep at most ``mamba_max_states_per_path`` device states on ``tail``'s root path by
-    tombstoning the shallowest unpinned single-child holders (never the tail or a fork)."""
-    cap = core.config.mamba_max_states_per_path
-    if cap is None:
-        return
-    mi = core.ci["mamba"]
-    holders = [n for n in core.tree.path_to_root(tail) if n.data[mi].value is not None]
-    excess = len(holders) - cap
-    for node in reversed(holders):  # shallowest first
-        if excess <= 0:
-            break
-        d = node.data[mi]
-        if node is tail or len(node.children) != 1 or d.lock_ref > 0:
-            continue
-        v = d.value
-        core.set_value(node, mi, DEVICE, None)
-        core.free_slots(mi, DEVICE, v)
-        excess -= 1
+__all__ = ["Eviction", "is_useless"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from radixscope.cache.tiers import DEVICE
+
 
 def check_handle(cache, handle, what: str) -> None:
     """A result handle must come from this cache (``cache_instance``)."""
@@ -60,7 +62,7 @@ def device_prefix_len(cache, tokens: tuple[int, ...], extra_key) -> int:
         if step is None:
             break
         child, k = step
-        if child.data[0].value is None:
+        if child.data[0].values[DEVICE] is None:
             break
         off += k
         if k < len(child.key):

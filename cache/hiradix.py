@@ -7,34 +7,38 @@ raises TypeError/ValueError naming the value before anything changes. See cache/
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import torch
 
 from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
-from radixscope.cache import eviction, guards, insertion, invariants, transfers
+from radixscope.cache import guards, invariants
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
-from radixscope.cache.keys import ceil_paged, check_namespace, key_len, match_len, normalize_key
+from radixscope.cache.eviction import Eviction
+from radixscope.cache.insertion import Insertion
+from radixscope.cache.keys import ceil_paged
+from radixscope.cache.locks import Locks
+from radixscope.cache.matching import Matching
 from radixscope.cache.results import (
-    InsertResult,
     LoadBackResult,
-    LockReceipt,
     MatchResult,
     TransferId,
 )
 from radixscope.cache.snapshot import CacheSnapshot
-from radixscope.cache.state import DEVICE, HOST, TIERS, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, Tier, per_tier
+from radixscope.cache.transfer_engine import TransferEngine
+from radixscope.cache.transfers import Transfers
 from radixscope.cache.tree import Node
 
 _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(CacheCore):
+class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -44,8 +48,8 @@ class HiRadixCache(CacheCore):
     def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
         super().__init__(config, recorder)
         self.instance = next(_instances)
-        self.request_held = [[0, 0] for _ in self.comps]
-        self.engine = transfers.TransferEngine(config.device)
+        self.request_held = [per_tier(0) for _ in self.comps]
+        self.engine = TransferEngine(config.device)
         if self._on:
             self.recorder.attach(self.info(), self.snapshot())
 
@@ -55,11 +59,14 @@ class HiRadixCache(CacheCore):
             "config": self.config.summary(),
             "components": [c.name for c in self.comps],
             "page_size": self.page_size,
-            "pools": {f"{c.name}/{t}": self.pool(c.index, ti).alloc.capacity
-                      for c in self.comps for ti, t in enumerate(TIERS)},
-            "bytes_per_slot": {f"{c.name}/{t}": self.pool(c.index, ti).bytes_per_slot
-                               for c in self.comps for ti, t in enumerate(TIERS)},
+            "pools": {f"{c.name}/{t.label}": self.pool(c.index, t).alloc.capacity
+                      for c in self.comps for t in self.pool_tiers},
+            "bytes_per_slot": {f"{c.name}/{t.label}": self.pool(c.index, t).bytes_per_slot
+                               for c in self.comps for t in self.pool_tiers},
         }
+
+    def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
+        return self._backup_sync(node, cis)
 
     def _ci_of(self, component: str) -> int:
         ci = self.ci.get(component)
@@ -68,219 +75,7 @@ class HiRadixCache(CacheCore):
                              f"{[c.name for c in self.comps]}")
         return ci
 
-    # ---- match ----------------------------------------------------------------------------
-    def match_prefix(self, key, *, extra_key=None, cow_mamba: bool = False,
-                     req_id: str | None = None) -> MatchResult:
-        """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
-
-        Returns a frozen ``MatchResult`` (see its docstring for every field). What it returns is
-        readable: a load-back still in flight over the returned device prefix is made visible
-        first (CPU: its pending copy runs now; CUDA: the current stream waits on its event); the
-        load-back is still acked by ``poll``.
-        Mutates: splits the node where the match ends inside it (new node ids); recency and hit
-        counts of ``best_match_node`` and its ancestors; with ``cow_mamba``, when no load-back is
-        needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
-        (evicting if needed) and copies the state there; when a load-back is needed the copy
-        comes from ``load_back(match, cow_mamba=True)``, from the anchor's state.
-        Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
-        """
-        tokens = normalize_key(key, self.page_size)
-        check_namespace(extra_key)
-        return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
-
-    def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
-        tree = self.tree
-        root = tree.root
-        ps = self.page_size
-        # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
-        # so each sees every node of the path top-down
-        aux = self.comps[1:]
-        dev_v = [c.validator(False) for c in aux]
-        any_v = [c.validator(True) for c in aux]
-        path: list[Node] = []
-        last_dev = best = -1
-        full_len = 0
-        node, off, n = root, 0, len(tokens)
-        while off < n:
-            ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
-            child = node.children.get((extra_key, ck) if node is root else ck)
-            if child is None:
-                break
-            key = child.key
-            k = len(key)
-            if tokens[off:off + k] != key:  # whole-node match first: one C compare
-                k = match_len(tokens, off, key, ps)
-                if not k:
-                    break
-            if k < len(key):
-                child = self.split(child, k)
-            path.append(child)
-            off += k
-            f = child.data[0]
-            d_ok = f.value is not None
-            a_ok = d_ok or f.host_value is not None
-            if aux:
-                d_ok = all([v(child) for v in dev_v]) and d_ok
-                a_ok = all([v(child) for v in any_v]) and a_ok
-            if d_ok:
-                last_dev = len(path) - 1
-            if a_ok:
-                best = len(path) - 1
-            if f.value is None and f.host_value is None:
-                break
-            full_len = off
-            node = child
-        matched = full_len
-        dev_nodes = path[:last_dev + 1]
-        dev_len = sum(len(x.key) for x in dev_nodes)
-        idx = torch.cat([x.data[0].value for x in dev_nodes]) if dev_nodes else _EMPTY
-        if self.loading:
-            transfers.make_ready(self, dev_nodes)  # readable on return, CoW source included
-        best_node = path[best] if best >= 0 else tree.root
-        up = path[:best + 1][::-1]
-        hits = {c.name: c.host_hit_length(up) for c in self.comps}
-        mamba_slot = None
-        if best >= 0:
-            self.touch(best_node)
-        if cow and "mamba" in self.ci and last_dev >= 0 and last_dev == best:
-            mamba_slot = self._cow_mamba(path[last_dev])  # else load_back(cow_mamba=True)
-        return MatchResult(
-            device_indices=idx, device_prefix_len=dev_len,
-            last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
-            last_host_node=best_node.id, best_match_node=best_node.id,
-            host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
-            mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
-            extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
-
-    def _cow_mamba(self, node: Node) -> torch.Tensor | None:
-        ci = self.ci["mamba"]
-        src = node.data[ci].value
-        if src is None:
-            return None
-        rid = self.acquire(node, DEVICE, {0: self.tree.path_to_root(node), ci: [node]}, "cow")
-        try:
-            slot = self._alloc(ci, 1)
-        finally:
-            self.release(self.locks[rid])
-        pool = self.device_pools[ci]
-        pool.write(slot, pool.read(src))
-        return slot
-
     # ---- insert ---------------------------------------------------------------------------
-    def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
-               swa_indices: torch.Tensor | None = None, mamba_slot: torch.Tensor | None = None,
-               prev_prefix_len: int = 0, swa_evicted_len: int = 0,
-               req_id: str | None = None) -> InsertResult:
-        """Cache ``key`` with the caller's FULL device slots (and SWA slots / MAMBA state).
-
-        Args:
-            key: token ids; truncated to whole pages. ``device_indices`` must have ``len(key)``
-                entries; those beyond the page-aligned length stay with the caller.
-            swa_indices: with SWA, the caller's SWA slots per position (positions below
-                ``swa_evicted_len`` are ignored: the caller already freed them).
-            mamba_slot: with MAMBA, a 1-element tensor: the state at the key's end, donated.
-            prev_prefix_len: the caller's prefix that came from the tree (its slots are the
-                tree's own and are never freed here).
-        Returns: ``InsertResult``; ``prefix_len`` tokens were already present and the caller's
-            slots for them (at or beyond ``prev_prefix_len``) were freed.
-        Mutates: new leaf / splits; un-evicts host-only nodes by adopting the caller's slots;
-            heals SWA tombstones inside the caller's live range; donates the MAMBA state; hit
-            counts and recency; write-through backups; the MAMBA per-path cap.
-        Emits: one ``insert`` op; structure, state, pool and transfer mutations.
-        """
-        raw_len = key_len(key)
-        tokens = normalize_key(key, self.page_size)
-        check_namespace(extra_key)
-        idx = insertion.check_indices(self, device_indices, raw_len, "device_indices", None)
-        swa = None
-        if "swa" in self.ci:
-            if swa_indices is None:
-                raise ValueError("swa_indices is required when the 'swa' component is configured")
-            swa = insertion.check_indices(self, swa_indices, raw_len, "swa_indices", None)
-        elif swa_indices is not None:
-            raise ValueError("swa_indices given but the 'swa' component is not configured")
-        if mamba_slot is not None:
-            if "mamba" not in self.ci:
-                raise ValueError("mamba_slot given but the 'mamba' component is not configured")
-            mamba_slot = insertion.check_indices(self, mamba_slot, 1, "mamba_slot", None)
-        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} must be an int >= 0")
-        if swa_evicted_len % self.page_size:
-            raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
-                             f"(page_size={self.page_size})")
-        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
-                                  prev_prefix_len, swa_evicted_len)
-        n = len(tokens)
-        out = self._run(ev.OP_INSERT, req_id, insertion.insert_walk, self, tokens, extra_key,
-                        idx[:n], None if swa is None else swa[:n], mamba_slot,
-                        prev_prefix_len, swa_evicted_len)
-        if not out.backups:
-            return out
-        return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
-                                                      for t in out.backups))
-
-    # ---- locks ----------------------------------------------------------------------------
-    def lock(self, node: int, *, owner: str | None = None, req_id: str | None = None
-             ) -> LockReceipt:
-        """Pin ``node`` against eviction. FULL pins the device path to the root and skips (and
-        records in ``receipt.skipped``) an evicted bottom segment; SWA pins one window; MAMBA
-        the anchor. Returns the receipt ``unlock`` needs. Mutates: lock refs, ledgers
-        (evictable -> protected), evictable-leaf sets. Emits: ``lock`` op, ``lock.acquire``."""
-        n = self.node(node)
-        if owner is not None and not isinstance(owner, str):
-            raise TypeError(f"owner must be a str or None, got {owner!r}")
-        return self._run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
-
-    def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
-        path = self.tree.path_to_root(n)
-        k = 0
-        while k < len(path) and path[k].data[0].value is None:
-            k += 1
-        eff = path[k:]
-        return {c.index: c.lock_pins(eff) for c in self.comps}, path[:k]
-
-    def _lock(self, n: Node, owner) -> LockReceipt:
-        pins, skipped = self.lock_pins(n)
-        rid = self.acquire(n, DEVICE, pins, owner)
-        return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE,
-                           tuple((self.comps[ci].name, tuple(x.id for x in ns))
-                                 for ci, ns in sorted(pins.items()) if ns),
-                           tuple(x.id for x in skipped), False, self.instance)
-
-    def _entry_of(self, receipt) -> object:
-        if not isinstance(receipt, LockReceipt):
-            raise TypeError(f"expected a LockReceipt, got {type(receipt).__name__}")
-        entry = self.locks.get(receipt.receipt_id)
-        if receipt.cache_instance != self.instance:
-            raise ValueError(f"receipt {receipt.receipt_id} belongs to another cache instance")
-        if entry is None:
-            raise ValueError(f"receipt {receipt.receipt_id} (anchor {receipt.anchor}) is not "
-                             "live: already unlocked")
-        if entry.anchor != receipt.anchor or entry.owner != receipt.owner:
-            raise ValueError(f"receipt {receipt.receipt_id} does not match the live lock "
-                             f"(anchor {entry.anchor}, owner {entry.owner!r})")
-        return entry
-
-    def unlock(self, receipt: LockReceipt, *, req_id: str | None = None) -> None:
-        """Release a lock. A double unlock or a foreign receipt raises ValueError.
-        Mutates: lock refs, ledgers, leaf sets. Emits: ``unlock`` op, ``lock.release``."""
-        entry = self._entry_of(receipt)
-        self._run(ev.OP_UNLOCK, req_id, self.release, entry)
-
-    def release_swa(self, receipt: LockReceipt, *, req_id: str | None = None) -> LockReceipt:
-        """Release a lock's SWA window (and its lower-priority MAMBA pin) early, once decode has
-        moved past the window. Returns a new receipt; ``unlock`` it later as usual."""
-        if "swa" not in self.ci:
-            raise ValueError("release_swa needs the 'swa' component")
-        entry = self._entry_of(receipt)
-        if receipt.swa_released:
-            raise ValueError(f"receipt {receipt.receipt_id}: SWA window already released")
-        pri = self.comps[self.ci["swa"]].priority
-        cis = {c.index for c in self.comps if c.priority <= pri}
-        self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
-        return dataclasses.replace(receipt, swa_released=True)
-
     # ---- request-private slots -------------------------------------------------------------
     def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
               ) -> torch.Tensor:
@@ -298,7 +93,7 @@ class HiRadixCache(CacheCore):
         if alloc.available < need:
             if alloc.available + self.evictable[ci][DEVICE] < need:
                 raise self.oom(ci, DEVICE, need)
-            eviction.evict_device(self, ci, need - alloc.available)
+            self._evict_device(ci, need - alloc.available)
         out = self.take_slots(ci, DEVICE, need)
         if out is None:
             raise self.oom(ci, DEVICE, need, "eviction could not reach the evictable total")
@@ -332,7 +127,7 @@ class HiRadixCache(CacheCore):
         self.request_held[ci][DEVICE] -= n
         return n
 
-    # ---- eviction / transfers (bodies in eviction.py, transfers.py) ------------------------
+    # ---- eviction / transfers (methods in eviction.py, transfers.py) -----------------------
     def evict(self, num_tokens: int, *, component: str = "full", req_id: str | None = None):
         """Free at least ``num_tokens`` device slots of ``component`` (LRU). Returns an
         ``EvictResult``. Backed-up leaves become host-only; unbacked ones are deleted (under
@@ -340,7 +135,7 @@ class HiRadixCache(CacheCore):
         the first locked or host-referenced node. Internal SWA/MAMBA data is tombstoned."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT, req_id, eviction.evict_device, self, ci, num_tokens)
+        return self._run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
 
     def evict_host(self, num_tokens: int, *, component: str = "full",
                    req_id: str | None = None):
@@ -348,7 +143,7 @@ class HiRadixCache(CacheCore):
         auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT_HOST, req_id, eviction.evict_host, self, ci, num_tokens)
+        return self._run(ev.OP_EVICT_HOST, req_id, self._evict_host_slots, ci, num_tokens)
 
     def backup(self, node: int, *, req_id: str | None = None) -> int | None:
         """Start a device -> host copy of ``node`` (and, under write-through, its unbacked
@@ -358,7 +153,7 @@ class HiRadixCache(CacheCore):
         n = self.node(node)
         if not self.config.has_host:
             raise ValueError("backup needs a host tier (host_tokens > 0)")
-        tid = self._run(ev.OP_BACKUP, req_id, transfers.backup, self, n)
+        tid = self._run(ev.OP_BACKUP, req_id, self._backup, n)
         return None if tid is None else TransferId(tid, self.instance)
 
     def load_back(self, match: MatchResult, *, cow_mamba: bool = False,
@@ -372,7 +167,7 @@ class HiRadixCache(CacheCore):
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
         guards.check_handle(self, match, "MatchResult")
         anchor = self.node(match.best_match_node)
-        return self._run(ev.OP_LOAD_BACK, req_id, transfers.load_back, self, anchor,
+        return self._run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
                          bool(cow_mamba))
 
     def poll(self, transfer_ids=None, *, wait: bool = False) -> list[int]:
@@ -383,7 +178,7 @@ class HiRadixCache(CacheCore):
         that enqueued it."""
         if transfer_ids is not None:
             transfer_ids = guards.check_poll_ids(self, transfer_ids)
-        return [TransferId(t, self.instance) for t in transfers.poll(self, transfer_ids, wait)]
+        return [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see
@@ -445,7 +240,7 @@ class HiRadixCache(CacheCore):
         for x in path:
             k = len(x.key)
             if off + k > start:
-                v = x.data[ci].value
+                v = x.data[ci].values[DEVICE]
                 if v is None:
                     raise ValueError(f"node {x.id} holds no {component} device data within the "
                                      f"requested range of node {node}'s path")
@@ -457,15 +252,19 @@ class HiRadixCache(CacheCore):
         return self.tree.prefix_len(self.node(node))
 
     def available(self, component: str = "full", tier: str = "device") -> int:
-        return self.pool(self._ci_of(component), TIERS.index(tier)).alloc.available
+        return self.pool(self._ci_of(component), self._tier_of(tier)).alloc.available
 
     def evictable_slots(self, component: str = "full", tier: str = "device") -> int:
         """Slots of ``component`` on ``tier`` held by unlocked tree values (what eviction can
         free): an ``alloc`` of at most ``available() + evictable_slots()`` does not run out of
         memory."""
-        if tier not in TIERS:
-            raise ValueError(f"tier={tier!r}: must be one of {TIERS}")
-        return self.evictable[self._ci_of(component)][TIERS.index(tier)]
+        return self.evictable[self._ci_of(component)][self._tier_of(tier)]
+
+    def _tier_of(self, tier: str) -> Tier:
+        labels = tuple(t.label for t in self.pool_tiers)
+        if tier not in labels:
+            raise ValueError(f"tier={tier!r}: must be one of {labels}")
+        return Tier.of(tier)
 
 
 def _check_amount(name: str, v) -> None:
@@ -473,4 +272,4 @@ def _check_amount(name: str, v) -> None:
         raise ValueError(f"{name}={v!r} must be an int >= 0")
 
 
-__all__ = ["HiRadixCache", "HOST", "DEVICE"]
+__all__ = ["HiRadixCache"]

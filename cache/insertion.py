@@ -1,126 +1,179 @@
-"""Insert: walk the key, settle overlaps per component, create the new leaf, donate the MAMBA
-state, then recency, write-through backups and the MAMBA per-path cap. ``self`` is the cache
-(``HiRadixCache``); validation happened in ``HiRadixCache.insert``."""
+"""Insertion: ``insert`` validates, then walks the key, settles overlaps per component,
+creates the new leaf, donates the MAMBA state, then recency, write-through backups and the
+MAMBA per-path cap. A mixin of ``HiRadixCache``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from radixscope.cache import eviction, transfers
-from radixscope.cache.keys import match_len
-from radixscope.cache.results import InsertResult
-from radixscope.cache.state import DEVICE
+from radixscope.cache import events as ev
+from radixscope.cache import guards
+from radixscope.cache.keys import check_namespace, key_len, normalize_key
+from radixscope.cache.results import InsertResult, TransferId
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
-def insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
-    """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache)."""
-    tree = self.tree
-    si = self.ci.get("swa")
-    root = tree.root
-    ps = self.page_size
-    node, off, n = root, 0, len(tokens)
-    swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
-    # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
-    # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
-    heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
-    while off < n:
-        ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
-        child = node.children.get((extra_key, ck) if node is root else ck)
-        if child is None:
-            break
-        key = child.key
-        k = len(key)
-        if tokens[off:off + k] != key:  # whole-node match first: one C compare
-            k = match_len(tokens, off, key, ps)
-            if not k:
+class Insertion(CacheCore):
+    """``insert``: cache a request's key with its slots."""
+
+    def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
+               swa_indices: torch.Tensor | None = None, mamba_slot: torch.Tensor | None = None,
+               prev_prefix_len: int = 0, swa_evicted_len: int = 0,
+               req_id: str | None = None) -> InsertResult:
+        """Cache ``key`` with the caller's FULL device slots (and SWA slots / MAMBA state).
+
+        Args:
+            key: token ids; truncated to whole pages. ``device_indices`` must have ``len(key)``
+                entries; those beyond the page-aligned length stay with the caller.
+            swa_indices: with SWA, the caller's SWA slots per position (positions below
+                ``swa_evicted_len`` are ignored: the caller already freed them).
+            mamba_slot: with MAMBA, a 1-element tensor: the state at the key's end, donated.
+            prev_prefix_len: the caller's prefix that came from the tree (its slots are the
+                tree's own and are never freed here).
+        Returns: ``InsertResult``; ``prefix_len`` tokens were already present and the caller's
+            slots for them (at or beyond ``prev_prefix_len``) were freed.
+        Mutates: new leaf / splits; un-evicts host-only nodes by adopting the caller's slots;
+            heals SWA tombstones inside the caller's live range; donates the MAMBA state; hit
+            counts and recency; write-through backups; the MAMBA per-path cap.
+        Emits: one ``insert`` op; structure, state, pool and transfer mutations.
+        """
+        raw_len = key_len(key)
+        tokens = normalize_key(key, self.page_size)
+        check_namespace(extra_key)
+        idx = self._check_indices(device_indices, raw_len, "device_indices", None)
+        swa = None
+        if "swa" in self.ci:
+            if swa_indices is None:
+                raise ValueError("swa_indices is required when the 'swa' component is configured")
+            swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
+        elif swa_indices is not None:
+            raise ValueError("swa_indices given but the 'swa' component is not configured")
+        if mamba_slot is not None:
+            if "mamba" not in self.ci:
+                raise ValueError("mamba_slot given but the 'mamba' component is not configured")
+            mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", None)
+        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be an int >= 0")
+        if swa_evicted_len % self.page_size:
+            raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
+                             f"(page_size={self.page_size})")
+        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
+                                  prev_prefix_len, swa_evicted_len)
+        n = len(tokens)
+        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key,
+                        idx[:n], None if swa is None else swa[:n], mamba_slot,
+                        prev_prefix_len, swa_evicted_len)
+        if not out.backups:
+            return out
+        return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
+                                                      for t in out.backups))
+
+    def _insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
+        """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache)."""
+        tree = self.tree
+        si = self.ci.get("swa")
+        root = tree.root
+        node, off, n = root, 0, len(tokens)
+        swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
+        # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
+        # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
+        heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
+        descend = tree.descend
+        while off < n:
+            step = descend(node, tokens, off, extra_key)
+            if step is None:
                 break
-        if k < len(child.key):
-            child = self.split(child, k)
-        if si is not None and off < heal_from < off + k and child.data[si].value is None:
-            child = self.split(child, heal_from - off)  # heal only the in-window live part
-            k = len(child.key)
-        _overlap(self, child, off, k, idx, swa, prev, swa_from, heal_from, si)
-        node, off = child, off + k
-    prefix_len = off
-    if off < n and si is not None and off < heal_from:
-        # below the window (or the caller's live SWA range): a FULL-only node, an SWA tombstone
-        mid = min(heal_from, n)
-        node = _new_leaf_with(self, node, tokens[off:mid], extra_key, idx, off, None, si)
-        lo = max(off, swa_from)
-        if lo < mid:  # the caller's live SWA slots there are not kept
-            self.request_held[si][DEVICE] -= self.free_slots(si, DEVICE, swa[lo:mid])
-        off = mid
-    if off < n:
-        node = _new_leaf_with(self, node, tokens[off:], extra_key, idx, off, swa, si)
-    mamba_exist = False
-    if mamba_slot is not None and node.parent is not None:
-        mi = self.ci["mamba"]
-        if node.data[mi].value is not None:
-            mamba_exist = True
-            self.free_slots(mi, DEVICE, mamba_slot)
+            child, k = step
+            if k < len(child.key):
+                child = self.split(child, k)
+            if si is not None and off < heal_from < off + k and child.data[si].values[DEVICE] is None:
+                child = self.split(child, heal_from - off)  # heal only the in-window live part
+                k = len(child.key)
+            self._overlap(child, off, k, idx, swa, prev, swa_from, heal_from, si)
+            node, off = child, off + k
+        prefix_len = off
+        if off < n and si is not None and off < heal_from:
+            # below the window (or the caller's live SWA range): a FULL-only node, an SWA tombstone
+            mid = min(heal_from, n)
+            node = self._new_leaf_with(node, tokens[off:mid], extra_key, idx, off, None, si)
+            lo = max(off, swa_from)
+            if lo < mid:  # the caller's live SWA slots there are not kept
+                self.request_held[si][DEVICE] -= self.free_slots(si, DEVICE, swa[lo:mid])
+            off = mid
+        if off < n:
+            node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, swa, si)
+        mamba_exist = False
+        if mamba_slot is not None and node.parent is not None:
+            mi = self.ci["mamba"]
+            if node.data[mi].values[DEVICE] is not None:
+                mamba_exist = True
+                self.free_slots(mi, DEVICE, mamba_slot)
+            else:
+                self.set_value(node, mi, DEVICE, mamba_slot.clone())
+            self.request_held[mi][DEVICE] -= 1
+        elif mamba_slot is not None:
+            self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
+            self.request_held[self.ci["mamba"]][DEVICE] -= 1
+        self.touch(node)
+        backups = self._backup_after_insert(node) if node.parent is not None else ()
+        if "mamba" in self.ci and node.parent is not None:
+            self._enforce_mamba_cap(node)
+        return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
+
+    def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
+        leaf = self.new_leaf(parent, key, extra_key)
+        end = off + len(key)
+        self.set_value(leaf, 0, DEVICE, idx[off:end].clone())
+        self.request_held[0][DEVICE] -= len(key)
+        if swa is not None:
+            self.set_value(leaf, si, DEVICE, swa[off:end].clone())
+            self.request_held[si][DEVICE] -= len(key)
+        return leaf
+
+    def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
+                 heal_from: int, si: int | None) -> None:
+        end = off + k
+        f = node.data[0]
+        if f.values[DEVICE] is None:
+            if off >= prev:  # un-evict: adopt the caller's fresh slots
+                self.set_value(node, 0, DEVICE, idx[off:end].clone())
+                self.request_held[0][DEVICE] -= k
         else:
-            self.set_value(node, mi, DEVICE, mamba_slot.clone())
-        self.request_held[mi][DEVICE] -= 1
-    elif mamba_slot is not None:
-        self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
-        self.request_held[self.ci["mamba"]][DEVICE] -= 1
-    self.touch(node)
-    backups = transfers.backup_after_insert(self, node) if node.parent is not None else ()
-    if "mamba" in self.ci and node.parent is not None:
-        eviction.enforce_mamba_cap(self, node)
-    return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
+            lo = max(off, prev)
+            if lo < end:
+                self.free_slots(0, DEVICE, idx[lo:end])
+                self.request_held[0][DEVICE] -= end - lo
+        if si is None:
+            return
+        s = node.data[si]
+        lo = max(off, swa_from)
+        if lo >= end:
+            return
+        if s.values[DEVICE] is None and lo == off and off >= heal_from and node.data[0].values[DEVICE] is not None:
+            self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
+        else:
+            self.free_slots(si, DEVICE, swa[lo:end])
+        self.request_held[si][DEVICE] -= end - lo
 
-def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
-    leaf = self.new_leaf(parent, key, extra_key)
-    end = off + len(key)
-    self.set_value(leaf, 0, DEVICE, idx[off:end].clone())
-    self.request_held[0][DEVICE] -= len(key)
-    if swa is not None:
-        self.set_value(leaf, si, DEVICE, swa[off:end].clone())
-        self.request_held[si][DEVICE] -= len(key)
-    return leaf
+    def _check_indices(self, t, length: int, name: str, ci: int | None) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of slot indices, got "
+                            f"{type(t).__name__}")
+        if t.dim() != 1 or t.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be a 1-D int64 tensor, got {t.dtype} "
+                            f"shape {tuple(t.shape)}")
+        if t.numel() != length:
+            raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
+        t = t.to(device="cpu", dtype=torch.int64)
+        if ci is not None:
+            self._check_live(t, ci, name)
+        return t
 
-def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
-             heal_from: int, si: int | None) -> None:
-    end = off + k
-    f = node.data[0]
-    if f.value is None:
-        if off >= prev:  # un-evict: adopt the caller's fresh slots
-            self.set_value(node, 0, DEVICE, idx[off:end].clone())
-            self.request_held[0][DEVICE] -= k
-    else:
-        lo = max(off, prev)
-        if lo < end:
-            self.free_slots(0, DEVICE, idx[lo:end])
-            self.request_held[0][DEVICE] -= end - lo
-    if si is None:
-        return
-    s = node.data[si]
-    lo = max(off, swa_from)
-    if lo >= end:
-        return
-    if s.value is None and lo == off and off >= heal_from and node.data[0].value is not None:
-        self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
-    else:
-        self.free_slots(si, DEVICE, swa[lo:end])
-    self.request_held[si][DEVICE] -= end - lo
-
-
-def check_indices(self, t, length: int, name: str, ci: int | None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of slot indices, got "
-                        f"{type(t).__name__}")
-    if t.dim() != 1 or t.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be a 1-D int64 tensor, got {t.dtype} "
-                        f"shape {tuple(t.shape)}")
-    if t.numel() != length:
-        raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
-    t = t.to(device="cpu", dtype=torch.int64)
-    if ci is not None:
-        check_live(self, t, ci, name)
-    return t
-
-def check_live(self, t: torch.Tensor, ci: int, name: str) -> None:
-    if t.numel():
-        self.device_pools[ci].alloc.check_live(t, name)
+    def _check_live(self, t: torch.Tensor, ci: int, name: str) -> None:
+        if t.numel():
+            self.device_pools[ci].alloc.check_live(t, name)

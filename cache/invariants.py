@@ -18,7 +18,7 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from radixscope.cache.state import DEVICE, HOST, TIERS
+from radixscope.cache.tiers import DEVICE, HOST, TIER_LABELS, TIERS, per_tier
 
 
 def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
@@ -56,78 +56,82 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
                 key = (nid, ci, entry.tier)
                 lock_count[key] = lock_count.get(key, 0) + 1
     # ---- per node ------------------------------------------------------------------------------
-    ev_sum = [[0, 0] for _ in range(n_c)]
-    pr_sum = [[0, 0] for _ in range(n_c)]
-    owned: list[list[list[tuple[int, torch.Tensor]]]] = [[[], []] for _ in range(n_c)]
+    ev_sum = [per_tier(0) for _ in range(n_c)]
+    pr_sum = [per_tier(0) for _ in range(n_c)]
+    owned: list[list[list[tuple[int, torch.Tensor]]]] = [[[] for _ in TIERS] for _ in range(n_c)]
     d_leaves, h_leaves = set(), set()
-    lru_members = [[set(), set()] for _ in range(n_c)]
+    lru_members = [[set() for _ in TIERS] for _ in range(n_c)]
     for node in nodes:
         nid = node.id
         if not node.key or len(node.key) % page:
             v.append(("node.key", nid, f"key length {len(node.key)} not a positive multiple of {page}"))
         f = node.data[0]
-        if f.value is None and f.host_value is None:
-            v.append(("node.dead", nid, "FULL holds no value on either tier"))
+        if all(x is None for x in f.values):
+            v.append(("node.dead", nid, "FULL holds no value on any tier"))
         par = node.parent
-        if f.lock_ref > 0 and par.parent is not None and par.data[0].lock_ref == 0:
-            v.append(("full.lock_path_closed", nid, f"pinned (lock_ref {f.lock_ref}) under "
+        if f.refs[DEVICE] > 0 and par.parent is not None and par.data[0].refs[DEVICE] == 0:
+            v.append(("full.lock_path_closed", nid, f"pinned (lock_ref {f.refs[DEVICE]}) under "
                       f"unpinned parent {par.id}: the parent counts as evictable but no leaf "
                       "eviction can reach it"))
-        if f.value is not None and par.parent is not None and par.data[0].value is None:
+        if f.values[DEVICE] is not None and par.parent is not None and par.data[0].values[DEVICE] is None:
             v.append(("full.device_prefix_closed", nid, f"device value under device-evicted parent {par.id}"))
-        if (write_through and f.host_value is not None and par.parent is not None
-                and par.data[0].host_value is None):
+        if (write_through and f.values[HOST] is not None and par.parent is not None
+                and par.data[0].values[HOST] is None):
             v.append(("full.host_prefix_closed", nid, f"host value under unbacked parent {par.id}"))
-        dev_children = sum(1 for c in node.children.values() if c.data[0].value is not None)
+        dev_children = sum(1 for c in node.children.values() if c.data[0].values[DEVICE] is not None)
         if dev_children != node.device_children:
             v.append(("tree.device_children", nid, f"counter {node.device_children}, recount {dev_children}"))
         for comp in comps:
             ci = comp.index
             d = node.data[ci]
-            for tier, val in ((DEVICE, d.value), (HOST, d.host_value)):
+            for tier, val in zip(TIERS, d.values, strict=False):
                 if val is None:
+                    continue
+                if core.pools[ci][tier] is None:
+                    v.append((f"{comp.name}.{tier.label}.no_pool", nid,
+                              f"holds a {tier.label} value but that tier has no pool"))
                     continue
                 want = 1 if comp.boundary_state else len(node.key)
                 if comp.size(val) != want or val.numel() != want:
-                    v.append((f"{comp.name}.value_len", nid, f"{TIERS[tier]} value has {val.numel()} "
+                    v.append((f"{comp.name}.value_len", nid, f"{tier.label} value has {val.numel()} "
                               f"slots, expected {want}"))
                 if comp.value_cap is not None and val.numel() > comp.value_cap:
-                    v.append((f"{comp.name}.window_cap", nid, f"{TIERS[tier]} value has "
+                    v.append((f"{comp.name}.window_cap", nid, f"{tier.label} value has "
                               f"{val.numel()} slots, more than one paged window "
                               f"({comp.value_cap}): only the last window of a key keeps it"))
-                ref = d.lock_ref if tier == DEVICE else d.host_ref
-                (pr_sum if ref > 0 else ev_sum)[ci][tier] += comp.size(val)
+                (pr_sum if d.refs[tier] > 0 else ev_sum)[ci][tier] += comp.size(val)
                 owned[ci][tier].append((nid, val))
-            if d.lock_ref < 0 or d.host_ref < 0:
-                v.append((f"{comp.name}.refs_negative", nid, f"lock_ref {d.lock_ref}, host_ref {d.host_ref}"))
-            for tier, ref in ((DEVICE, d.lock_ref), (HOST, d.host_ref)):
+            if any(r < 0 for r in d.refs):
+                v.append((f"{comp.name}.refs_negative", nid,
+                          ", ".join(f"{t.ref_name} {r}" for t, r in zip(TIERS, d.refs, strict=False))))
+            for tier, ref in zip(TIERS, d.refs, strict=False):
                 want = lock_count.get((nid, ci, tier), 0)
                 if ref != want:
-                    v.append((f"{comp.name}.{'lock_ref' if tier == DEVICE else 'host_ref'}", nid,
+                    v.append((f"{comp.name}.{tier.ref_name}", nid,
                               f"{ref} but the lock table holds {want} pin(s)"))
             if ci:
-                if d.value is not None and f.value is None:
+                if d.values[DEVICE] is not None and f.values[DEVICE] is None:
                     v.append((f"{comp.name}.device_without_full", nid, "auxiliary device value, FULL evicted"))
-                if d.host_value is not None and f.host_value is None and write_through:
+                if d.values[HOST] is not None and f.values[HOST] is None and write_through:
                     v.append((f"{comp.name}.host_without_full", nid, "auxiliary host value, FULL not backed up"))
-                if d.lock_ref > f.lock_ref:
-                    v.append((f"{comp.name}.lock_exceeds_full", nid, f"{d.lock_ref} > FULL {f.lock_ref}"))
-            if comp.uses_lru:
-                if d.value is not None:
-                    lru_members[ci][0].add(nid)
-                elif d.host_value is not None:
-                    lru_members[ci][1].add(nid)
-        unlocked = all(d.lock_ref == 0 for d in node.data)
-        if f.value is not None and f.lock_ref == 0 and dev_children == 0:
+                if d.refs[DEVICE] > f.refs[DEVICE]:
+                    v.append((f"{comp.name}.lock_exceeds_full", nid, f"{d.refs[DEVICE]} > FULL {f.refs[DEVICE]}"))
+            if comp.uses_lru:  # filed on the fastest tier holding a value
+                for tier, val in zip(TIERS, d.values, strict=False):
+                    if val is not None:
+                        lru_members[ci][tier].add(nid)
+                        break
+        unlocked = all(d.refs[DEVICE] == 0 for d in node.data)
+        if f.values[DEVICE] is not None and f.refs[DEVICE] == 0 and dev_children == 0:
             d_leaves.add(nid)
-        if (f.value is None and f.host_value is not None and not node.children and unlocked
-                and all(d.host_ref == 0 for d in node.data)):
+        if (f.values[DEVICE] is None and f.values[HOST] is not None and not node.children and unlocked
+                and all(d.refs[HOST] == 0 for d in node.data)):
             h_leaves.add(nid)
     # ---- ledgers, leaf sets, recency lists --------------------------------------------------
     for comp in comps:
         ci = comp.index
-        for tier in (DEVICE, HOST):
-            tn = TIERS[tier]
+        for tier in core.pool_tiers:
+            tn = tier.label
             if core.evictable[ci][tier] != ev_sum[ci][tier]:
                 v.append((f"{comp.name}.{tn}.evictable_ledger", None,
                           f"ledger {core.evictable[ci][tier]}, recount {ev_sum[ci][tier]}"))
@@ -136,10 +140,10 @@ def check(core) -> None:  # noqa: C901 - a flat list of checks reads best
                           f"ledger {core.protected[ci][tier]}, recount {pr_sum[ci][tier]}"))
             _check_pool(core, comp, tier, owned[ci][tier], v)
         if comp.uses_lru:
-            for tier in (DEVICE, HOST):
+            for tier in TIERS:
                 have = set(core.lru[ci][tier])
                 if have != lru_members[ci][tier]:
-                    v.append((f"{comp.name}.{TIERS[tier]}_lru", None,
+                    v.append((f"{comp.name}.{tier.label}_lru", None,
                               f"missing {sorted(lru_members[ci][tier] - have)[:8]}, "
                               f"extra {sorted(have - lru_members[ci][tier])[:8]}"))
     if core.d_leaves != d_leaves:
@@ -186,7 +190,7 @@ def _check_transfers(core, v: list) -> None:
 def _check_pool(core, comp, tier: int, values: list[torch.Tensor], v: list) -> None:
     ci = comp.index
     alloc = core.pool(ci, tier).alloc
-    tn = TIERS[tier]
+    tn = TIER_LABELS[tier]
     held = core.request_held[ci][tier]
     total = alloc.available + core.evictable[ci][tier] + core.protected[ci][tier] + held
     if total != alloc.capacity:
@@ -228,8 +232,7 @@ def live_snapshot(core) -> CacheSnapshot:
         for comp in comps:
             d = n.data[comp.index]
             states.append(ComponentState(
-                None if d.value is None else comp.size(d.value),
-                None if d.host_value is None else comp.size(d.host_value), d.lock_ref, d.host_ref))
+                tuple(None if x is None else comp.size(x) for x in d.values), tuple(d.refs)))
         out.append(NodeSnapshot(nid, None if n.parent is None else n.parent.id, n.extra_key,
                                 tuple(n.key), n.last_access, n.hit_count, tuple(states)))
     in_flight = {}
@@ -238,12 +241,12 @@ def live_snapshot(core) -> CacheSnapshot:
             key = (c, t.dst_tier)
             in_flight[key] = in_flight.get(key, 0) + a
     pools = tuple(
-        PoolSnapshot(comp.name, TIERS[tier], core.pool(comp.index, tier).alloc.capacity,
+        PoolSnapshot(comp.name, tier.label, core.pool(comp.index, tier).alloc.capacity,
                      core.pool(comp.index, tier).alloc.available, core.evictable[comp.index][tier],
-                     core.protected[comp.index][tier], in_flight.get((comp.name, TIERS[tier]), 0))
-        for comp in comps for tier in (DEVICE, HOST))
+                     core.protected[comp.index][tier], in_flight.get((comp.name, tier.label), 0))
+        for comp in comps for tier in core.pool_tiers)
     locks = tuple(
-        LockSnapshot(e.receipt_id, e.owner, e.anchor, TIERS[e.tier],
+        LockSnapshot(e.receipt_id, e.owner, e.anchor, TIER_LABELS[e.tier],
                      tuple((comps[ci].name, tuple(ids)) for ci, ids in sorted(e.pins.items())))
         for _, e in sorted(core.locks.items()))
     transfers = tuple(

@@ -42,19 +42,19 @@ def _free(cache, out, args) -> dict:
 
 
 def _evict(cache, out, args) -> dict:
-    name = cache.comps[args[1]].name
+    name = cache.comps[args[0]].name
     return {ev.A_COMPONENT: name, ev.A_REQUESTED: out.requested,
             ev.A_FREED_TOKENS: out.freed_of(name), ev.A_FREED: dict(out.freed),
             ev.A_NODES: len(out.evicted_nodes)}
 
 
 def _backup(cache, out, args) -> dict:
-    return {ev.A_TRANSFER: out, ev.A_NODE: args[1].id}
+    return {ev.A_TRANSFER: out, ev.A_NODE: args[0].id}
 
 
 def _load_back(cache, out, args) -> dict:
     return {ev.A_NODE: out.anchor, ev.A_TRANSFER: out.transfer_id,
-            ev.A_TOKENS: out.loaded_of("full"), ev.A_FREED: dict(out.loaded)}
+            ev.A_TOKENS: out.loaded_of(cache.comps[0].name), ev.A_FREED: dict(out.loaded)}
 
 
 OP_ATTRS: dict[str, Callable[..., dict]] = {

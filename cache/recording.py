@@ -15,12 +15,12 @@ from opentelemetry import context as otel_context
 from radixscope.cache import events as ev
 from radixscope.cache.events import NULL_RECORDER, Recorder
 from radixscope.cache.op_attrs import OP_ATTRS
+from radixscope.cache.tiers import TIER_LABELS
 
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node
 
 log = logging.getLogger("radixscope.cache")
-TIERS = (ev.TIER_DEVICE, ev.TIER_HOST)
 _time_ns = time.time_ns
 
 
@@ -150,6 +150,17 @@ class Recording:
         finally:
             self.error_hook = hook
 
+    # ---- what observers (the crash window) read ------------------------------------------
+    @property
+    def current_op_id(self) -> int:
+        """The id of the op running now (or the last one that ran)."""
+        return self._cur_op
+
+    def pending_mutations(self) -> tuple[tuple, ...]:
+        """Mutations made by the op running now and not yet handed to the recorder (a failing
+        op's, before its record is written); plain tuples in ``Mutation`` order."""
+        return tuple(self._muts)
+
     def _m(self, kind: str, node, comp, tier, value) -> None:
         if self._on:
             self.seq = seq = self.seq + 1
@@ -160,13 +171,12 @@ class Recording:
             d = node.data[ci]
             comp = self.comps[ci]
             self.seq = seq = self.seq + 1
+            size = comp.size
             self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, comp.name, None, (
-                None if d.value is None else comp.size(d.value),
-                None if d.host_value is None else comp.size(d.host_value),
-                d.lock_ref, d.host_ref)))
+                tuple([None if v is None else size(v) for v in d.values]), tuple(d.refs))))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""
         self.seq = seq = self.seq + 1
         self._muts.append((seq, self._cur_op, ev.POOL_AVAILABLE, None, self.comps[ci].name,
-                           TIERS[tier], available))
+                           TIER_LABELS[tier], available))

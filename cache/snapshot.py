@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixscope.cache import events as ev
+from radixscope.cache.tiers import DEVICE, HOST, N_TIERS, TIER_LABELS, Tier
 
 STATE_DEVICE = "device"
 STATE_HOST = "host"
@@ -21,24 +22,74 @@ STATE_TOMBSTONE = "tombstone"
 
 @dataclass(frozen=True, slots=True)
 class ComponentState:
-    """One component on one node: lengths per tier (``None`` = no value there) and refs."""
+    """One component on one node, per tier (``Tier`` order): ``lens[t]`` the slots held there
+    (``None`` = no value there), ``refs[t]`` the pins there (lock ref on device, host ref on
+    host). The tuples have one entry per tier, however many tiers there are."""
 
-    device_len: int | None
-    host_len: int | None
-    lock_ref: int
-    host_ref: int
+    lens: tuple[int | None, ...]
+    refs: tuple[int, ...]
+
+    def length(self, tier: Tier | str) -> int | None:
+        t = Tier.of(tier) if isinstance(tier, str) else tier
+        return self.lens[t] if t < len(self.lens) else None
+
+    def ref(self, tier: Tier | str) -> int:
+        t = Tier.of(tier) if isinstance(tier, str) else tier
+        return self.refs[t] if t < len(self.refs) else 0
+
+    # named views of the two tiers every reader shows today
+    @property
+    def device_len(self) -> int | None:
+        return self.lens[DEVICE]
+
+    @property
+    def host_len(self) -> int | None:
+        return self.lens[HOST]
+
+    @property
+    def lock_ref(self) -> int:
+        return self.refs[DEVICE]
+
+    @property
+    def host_ref(self) -> int:
+        return self.refs[HOST]
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """Labels of the tiers holding a value, fastest first."""
+        return tuple(TIER_LABELS[t] if t < N_TIERS else f"tier{t}"
+                     for t, n in enumerate(self.lens) if n is not None)
 
     @property
     def state(self) -> str:
-        if self.device_len is not None:
-            return STATE_BOTH if self.host_len is not None else STATE_DEVICE
-        return STATE_HOST if self.host_len is not None else STATE_TOMBSTONE
+        """``device``, ``host``, ``device+host`` (tiers holding a value, joined) or
+        ``tombstone``."""
+        return "+".join(self.tiers) or STATE_TOMBSTONE
 
     def as_tuple(self) -> tuple:
-        return (self.device_len, self.host_len, self.lock_ref, self.host_ref)
+        """The journal's ``comp.state`` value: ``(lens, refs)``."""
+        return (self.lens, self.refs)
+
+    @classmethod
+    def on(cls, lens: dict | None = None, refs: dict | None = None) -> ComponentState:
+        """From ``{tier: length}`` and ``{tier: pins}`` (a tier or its label); tiers left out
+        hold no value and no pins."""
+        ln: list[int | None] = [None] * N_TIERS
+        rf = [0] * N_TIERS
+        for t, n in (lens or {}).items():
+            ln[Tier.of(t) if isinstance(t, str) else t] = n
+        for t, n in (refs or {}).items():
+            rf[Tier.of(t) if isinstance(t, str) else t] = n
+        return cls(tuple(ln), tuple(rf))
+
+    @classmethod
+    def from_value(cls, value) -> ComponentState:
+        """From a ``comp.state`` value / stored pair ``(lens, refs)`` (lists or tuples)."""
+        lens, refs = value
+        return cls(tuple(lens), tuple(refs))
 
 
-EMPTY_STATE = ComponentState(None, None, 0, 0)
+EMPTY_STATE = ComponentState((None,) * N_TIERS, (0,) * N_TIERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +171,7 @@ class CacheSnapshot:
             "page_size": self.page_size,
             "components": list(self.components),
             "nodes": [[n.node_id, n.parent_id, n.extra_key, list(n.tokens), n.last_access,
-                       n.hit_count, [list(c.as_tuple()) for c in n.components]]
+                       n.hit_count, [[list(c.lens), list(c.refs)] for c in n.components]]
                       for n in self.nodes],
             "pools": [[p.component, p.tier, p.capacity, p.available, p.evictable, p.protected,
                        p.in_flight] for p in self.pools],
@@ -160,7 +211,8 @@ class _StateCache:
         self._seen: dict[tuple, ComponentState] = {}
 
     def __call__(self, values) -> ComponentState:
-        key = tuple(values)
+        lens, refs = values
+        key = (tuple(lens), tuple(refs))
         got = self._seen.get(key)
         if got is None:
             got = self._seen[key] = ComponentState(*key)
@@ -181,10 +233,11 @@ class SnapshotBuilder:
         self.page_size = start.page_size
         self.components = start.components
         self._ci = {c: i for i, c in enumerate(start.components)}
-        # node id -> [parent, extra_key, tokens, last_access, hits, [[dev, host, lock, href], ...]]
+        # node id -> [parent, extra_key, tokens, last_access, hits, [[lens, refs], ...]]
+        # (lens a tuple per tier, overwritten whole; refs a list per tier, moved by locks)
         self.nodes: dict[int, list] = {
             n.node_id: [n.parent_id, n.extra_key, n.tokens, n.last_access, n.hit_count,
-                        [list(c.as_tuple()) for c in n.components]]
+                        [[c.lens, list(c.refs)] for c in n.components]]
             for n in start.nodes}
         self.pools = {(p.component, p.tier): [p.capacity, p.available] for p in start.pools}
         self.locks = {lk.receipt_id: [lk.owner, lk.anchor, lk.tier,
@@ -203,7 +256,8 @@ class SnapshotBuilder:
         self.seq = seq
         nodes = self.nodes
         if kind == ev.COMP_STATE:
-            nodes[node][5][self._ci[comp]] = list(value)
+            lens, refs = value
+            nodes[node][5][self._ci[comp]] = [tuple(lens), list(refs)]
         elif kind == ev.NODE_TOUCH:
             cur = node
             while cur is not None and cur != 0:
@@ -215,20 +269,20 @@ class SnapshotBuilder:
             self.pools[(comp, tier)][1] = value
         elif kind == ev.LOCK_ACQUIRE:
             rid, owner, pins = value
-            slot = 2 if tier == ev.TIER_DEVICE else 3
+            t = Tier.of(tier)
             for c, ids in pins:
                 ci = self._ci[c]
                 for nid in ids:
-                    nodes[nid][5][ci][slot] += 1
+                    nodes[nid][5][ci][1][t] += 1
             self.locks[rid] = [owner, node, tier, {c: list(ids) for c, ids in pins}]
         elif kind == ev.LOCK_RELEASE:
             rid, pins, final = value
-            slot = 2 if tier == ev.TIER_DEVICE else 3
+            t = Tier.of(tier)
             held = self.locks[rid][3]
             for c, ids in pins:
                 ci = self._ci[c]
                 for nid in ids:
-                    nodes[nid][5][ci][slot] -= 1
+                    nodes[nid][5][ci][1][t] -= 1
                 rest = held.get(c, [])
                 for nid in ids:
                     rest.remove(nid)
@@ -238,13 +292,11 @@ class SnapshotBuilder:
                 del self.locks[rid]
         elif kind == ev.NODE_CREATE:
             parent, extra_key, tokens = value
-            nodes[node] = [parent, extra_key, tuple(tokens), 0, 0,
-                           [[None, None, 0, 0] for _ in self.components]]
+            nodes[node] = [parent, extra_key, tuple(tokens), 0, 0, self._empty()]
         elif kind == ev.NODE_SPLIT:
             new_id, k, ref_comps = value
             child = nodes[node]
-            nodes[new_id] = [child[0], child[1], child[2][:k], child[3], child[4],
-                             [[None, None, 0, 0] for _ in self.components]]
+            nodes[new_id] = [child[0], child[1], child[2][:k], child[3], child[4], self._empty()]
             child[2] = child[2][k:]
             child[0] = new_id
             for lock in self.locks.values():  # the new parent inherits the child's pins
@@ -269,28 +321,30 @@ class SnapshotBuilder:
         else:
             raise ValueError(f"unknown mutation kind {kind!r} at seq {seq}")
 
+    def _empty(self) -> list:
+        return [[EMPTY_STATE.lens, list(EMPTY_STATE.refs)] for _ in self.components]
+
     def snapshot(self) -> CacheSnapshot:
         comps = self.components
         n_c = len(comps)
         state = _StateCache()
         # one pass: nodes, and per component / tier the evictable and protected recount
-        ev_sum = [[0, 0] for _ in range(n_c)]
-        pr_sum = [[0, 0] for _ in range(n_c)]
+        ev_sum = [[0] * N_TIERS for _ in range(n_c)]
+        pr_sum = [[0] * N_TIERS for _ in range(n_c)]
         nodes = []
         for nid, r in sorted(self.nodes.items()):
             states = tuple(state(c) for c in r[5])
             nodes.append(NodeSnapshot(nid, r[0], r[1], r[2], r[3], r[4], states))
             if nid == 0:
                 continue
-            for ci, (dev, host, lock, href) in enumerate(r[5]):
-                if dev is not None:
-                    (pr_sum if lock > 0 else ev_sum)[ci][0] += dev
-                if host is not None:
-                    (pr_sum if href > 0 else ev_sum)[ci][1] += host
+            for ci, (lens, refs) in enumerate(r[5]):
+                for t, n in enumerate(lens):
+                    if n is not None:
+                        (pr_sum if refs[t] > 0 else ev_sum)[ci][t] += n
         pools = []
         for (comp, tier), (cap, avail) in self.pools.items():
             ci = self._ci[comp]
-            ti = 0 if tier == ev.TIER_DEVICE else 1
+            ti = Tier.of(tier)
             in_flight = sum(a for t in self.transfers.values() if t.tier == tier
                             for c, a in t.amounts if c == comp)
             pools.append(PoolSnapshot(comp, tier, cap, avail, ev_sum[ci][ti], pr_sum[ci][ti],
@@ -311,7 +365,7 @@ def _comp_order(comps: tuple[str, ...]):
 
 def _pool_order(comps: tuple[str, ...]):
     idx = {c: i for i, c in enumerate(comps)}
-    return lambda p: (idx[p.component], 0 if p.tier == ev.TIER_DEVICE else 1)
+    return lambda p: (idx[p.component], Tier.of(p.tier))
 
 
 def replay(start: CacheSnapshot, mutations: Iterable[tuple], upto_seq: int | None = None

@@ -23,12 +23,10 @@ from radixscope.cache.events import Recorder
 from radixscope.cache.memory import check_fits
 from radixscope.cache.pools import KVPool, StatePool
 from radixscope.cache.recording import Recording
+from radixscope.cache.tiers import DEVICE, HOST, TIER_LABELS, TIERS, per_tier
 from radixscope.cache.tree import Node, RadixTree
 
 log = logging.getLogger("radixscope.cache")
-
-DEVICE, HOST = 0, 1
-TIERS = (ev.TIER_DEVICE, ev.TIER_HOST)
 
 
 class LockEntry:
@@ -56,13 +54,17 @@ class CacheCore(Recording):
         self.tree = RadixTree(config.page_size, len(self.comps))
         self._build_pools()
         n = len(self.comps)
-        self.evictable = [[0, 0] for _ in range(n)]
-        self.protected = [[0, 0] for _ in range(n)]
-        self.d_leaves: set[int] = set()
-        self.h_leaves: set[int] = set()
-        self._d_heap: list[tuple[int, int]] = []
-        self._h_heap: list[tuple[int, int]] = []
-        self.lru = [[OrderedDict(), OrderedDict()] if c.uses_lru else None for c in self.comps]
+        # per component, per tier (``Tier`` indexes the inner lists)
+        self.evictable = [per_tier(0) for _ in range(n)]
+        self.protected = [per_tier(0) for _ in range(n)]
+        # FULL's evictable leaves per tier (ids) and their lazy LRU heaps (access tick, id)
+        self.leaves: list[set[int]] = [set() for _ in TIERS]
+        self._heaps: list[list[tuple[int, int]]] = [[] for _ in TIERS]
+        self.d_leaves = self.leaves[DEVICE]
+        self.h_leaves = self.leaves[HOST]
+        self._d_heap = self._heaps[DEVICE]
+        self._h_heap = self._heaps[HOST]
+        self.lru = [[OrderedDict() for _ in TIERS] if c.uses_lru else None for c in self.comps]
         self.locks: dict[int, LockEntry] = {}
         self.transfers: dict = {}          # transfer id -> Transfer (in flight)
         self.transfer_nodes: dict[int, list[int]] = {}
@@ -79,8 +81,8 @@ class CacheCore(Recording):
         c = self.config
         check_fits(c)  # NotEnoughMemory (a ValueError) naming the bytes, before any allocation
         cuda = c.device.startswith("cuda")
-        self.device_pools: list = []
-        self.host_pools: list = []
+        # pools[ci][tier]; None where a tier has no pool (STORAGE, until the storage tier)
+        self.pools: list[list] = []
         for comp in self.comps:
             if comp.name == "full":
                 dev = KVPool("full/device", c.layers, c.device_tokens, c.heads, c.head_dim,
@@ -97,11 +99,27 @@ class CacheCore(Recording):
                                 c.device)
                 host = StatePool("mamba/host", c.mamba_host_slots, c.mamba_state_shape, c.dtype,
                                  "cpu", pin=cuda)
-            self.device_pools.append(dev)
-            self.host_pools.append(host)
+            tiers = per_tier(None)
+            tiers[DEVICE], tiers[HOST] = dev, host
+            self.pools.append(tiers)
+        self.device_pools = [p[DEVICE] for p in self.pools]
+        self.host_pools = [p[HOST] for p in self.pools]
+        # the tiers that have pools (in Tier order): what snapshots, info and checks walk
+        self.pool_tiers = tuple(t for t in TIERS if self.pools[0][t] is not None)
 
     def pool(self, ci: int, tier: int):
-        return self.device_pools[ci] if tier == DEVICE else self.host_pools[ci]
+        p = self.pools[ci][tier]
+        if p is None:
+            raise ValueError(f"{self.comps[ci].name}: tier {TIER_LABELS[tier]!r} has no pool")
+        return p
+
+    # ---- hooks the executor provides ---------------------------------------------------------
+    def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
+        """Write-back: copy ``node``'s device data (only components ``cis`` when given) to host
+        and wait for it; False when the host tier had no room. Eviction calls this before
+        dropping unbacked data; ``HiRadixCache`` implements it with its transfer engine (so
+        eviction and transfers do not import each other)."""
+        raise NotImplementedError
 
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
@@ -119,7 +137,7 @@ class CacheCore(Recording):
         return out
 
     def oom(self, ci: int, tier: int, requested: int, note: str = "") -> CacheOutOfMemory:
-        return CacheOutOfMemory(self.comps[ci].name, TIERS[tier], requested,
+        return CacheOutOfMemory(self.comps[ci].name, TIER_LABELS[tier], requested,
                                 self.pool(ci, tier).alloc.available, self.evictable[ci][tier],
                                 self.protected[ci][tier], note)
 
@@ -129,25 +147,22 @@ class CacheCore(Recording):
         sets and recency lists in step. Does not free slots (callers free what they drop)."""
         d = node.data[ci]
         comp = self.comps[ci]
-        old = d.value if tier == DEVICE else d.host_value
-        ref = d.lock_ref if tier == DEVICE else d.host_ref
-        led = self.protected[ci] if ref > 0 else self.evictable[ci]
+        old = d.values[tier]
+        led = self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci]
         if old is not None:
             led[tier] -= comp.size(old)
         if value is not None:
             led[tier] += comp.size(value)
-        if tier == DEVICE:
+        d.values[tier] = value
+        if tier == DEVICE:  # the device tier alone keeps tree-ownership marks and D-leaf counts
             alloc = self.device_pools[ci].alloc
             if old is not None:
                 alloc.mark_tree(old, False)
             if value is not None:
                 alloc.mark_tree(value, True)
-            d.value = value
             if ci == 0 and (old is None) != (value is None) and node.parent is not None:
                 node.parent.device_children += 1 if value is not None else -1
                 self.refresh_leaf(node.parent)
-        else:
-            d.host_value = value
         if comp.uses_lru:
             self._lru_place(node, ci)
         if ci == 0:
@@ -156,19 +171,17 @@ class CacheCore(Recording):
             self._emit_state(node, ci)
 
     def _lru_place(self, node: Node, ci: int) -> None:
-        dev, host = self.lru[ci]
-        d = node.data[ci]
-        if d.value is not None:
-            host.pop(node.id, None)
-            if node.id not in dev:
-                dev[node.id] = node
-        else:
-            dev.pop(node.id, None)
-            if d.host_value is not None:
-                if node.id not in host:
-                    host[node.id] = node
+        """File the node in the recency list of the fastest tier holding its value (and in no
+        other)."""
+        nid = node.id
+        placed = False
+        for lru, v in zip(self.lru[ci], node.data[ci].values, strict=False):
+            if v is not None and not placed:
+                placed = True
+                if nid not in lru:
+                    lru[nid] = node
             else:
-                host.pop(node.id, None)
+                lru.pop(nid, None)
 
     # ---- evictable leaves ------------------------------------------------------------------
     def refresh_leaf(self, node: Node) -> None:
@@ -181,9 +194,9 @@ class CacheCore(Recording):
             return
         f = node.data[0]
         nid = node.id
-        if f.value is not None:
+        if f.values[DEVICE] is not None:
             self.h_leaves.discard(nid)
-            if f.lock_ref == 0 and node.device_children == 0:
+            if f.refs[DEVICE] == 0 and node.device_children == 0:
                 if nid not in self.d_leaves:
                     self.d_leaves.add(nid)
                     heapq.heappush(self._d_heap, (node.last_access, nid))
@@ -191,8 +204,8 @@ class CacheCore(Recording):
                 self.d_leaves.discard(nid)
             return
         self.d_leaves.discard(nid)
-        if (f.host_value is not None and not node.children
-                and all(d.lock_ref == 0 and d.host_ref == 0 for d in node.data)):
+        if (f.values[HOST] is not None and not node.children
+                and not any(any(d.refs) for d in node.data)):
             if nid not in self.h_leaves:
                 self.h_leaves.add(nid)
                 heapq.heappush(self._h_heap, (node.last_access, nid))
@@ -201,8 +214,7 @@ class CacheCore(Recording):
 
     def pop_leaf(self, tier: int) -> Node | None:
         """The least recently used evictable leaf of a tier, or None. O(log n) amortised."""
-        heap, live = (self._d_heap, self.d_leaves) if tier == DEVICE else (self._h_heap,
-                                                                          self.h_leaves)
+        heap, live = self._heaps[tier], self.leaves[tier]
         nodes = self.tree.nodes
         while heap:
             t, nid = heapq.heappop(heap)
@@ -214,11 +226,10 @@ class CacheCore(Recording):
 
     def _compact_heaps(self) -> None:
         nodes = self.tree.nodes
-        for attr, live in (("_d_heap", self.d_leaves), ("_h_heap", self.h_leaves)):
-            if len(getattr(self, attr)) > 4 * len(live) + 1024:
-                heap = [(nodes[i].last_access, i) for i in live]
+        for heap, live in zip(self._heaps, self.leaves, strict=False):
+            if len(heap) > 4 * len(live) + 1024:
+                heap[:] = [(nodes[i].last_access, i) for i in live]  # in place: aliases stay
                 heapq.heapify(heap)
-                setattr(self, attr, heap)
 
     # ---- locks -----------------------------------------------------------------------------
     def acquire(self, anchor: Node, tier: int, pins: dict[int, list[Node]], owner) -> int:
@@ -228,31 +239,26 @@ class CacheCore(Recording):
         first: dict[int, Node] = {}  # nodes that went from unpinned to pinned on this tier
         for ci, nodes in pins.items():
             size = self.comps[ci].size
+            evl, prl = self.evictable[ci], self.protected[ci]
             for node in nodes:
                 d = node.data[ci]
-                if tier == DEVICE:
-                    if d.lock_ref == 0:
-                        first[node.id] = node
-                        if d.value is not None:
-                            self.evictable[ci][0] -= size(d.value)
-                            self.protected[ci][0] += size(d.value)
-                    d.lock_ref += 1
-                else:
-                    if d.host_ref == 0:
-                        first[node.id] = node
-                        if d.host_value is not None:
-                            self.evictable[ci][1] -= size(d.host_value)
-                            self.protected[ci][1] += size(d.host_value)
-                    d.host_ref += 1
+                refs = d.refs
+                if refs[tier] == 0:
+                    first[node.id] = node
+                    v = d.values[tier]
+                    if v is not None:
+                        evl[tier] -= size(v)
+                        prl[tier] += size(v)
+                refs[tier] += 1
         entry = LockEntry(rid, owner, anchor.id, tier,
                           {ci: [n.id for n in nodes] for ci, nodes in sorted(pins.items()) if nodes})
         self.locks[rid] = entry
         for node in first.values():
             # a node with FULL on device under a device child is never a leaf: skip the call
-            if not node.device_children or node.data[0].value is None:
+            if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
-            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIERS[tier], (rid, owner, self._pins_out(entry)))
+            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier], (rid, owner, self._pins_out(entry)))
         return rid
 
     def _pins_out(self, entry: LockEntry, cis=None) -> tuple:
@@ -267,27 +273,23 @@ class CacheCore(Recording):
         nodes = self.tree.nodes
         out = self._pins_out(entry, cis) if self._on else None
         touched = {}
+        tier = entry.tier
         for ci in sorted(entry.pins):
             if cis is not None and ci not in cis:
                 continue
             size = self.comps[ci].size
+            evl, prl = self.evictable[ci], self.protected[ci]
             for nid in entry.pins[ci]:
                 node = nodes[nid]
                 d = node.data[ci]
-                if entry.tier == DEVICE:
-                    d.lock_ref -= 1
-                    if d.lock_ref == 0:
-                        touched[nid] = node
-                        if d.value is not None:
-                            self.protected[ci][0] -= size(d.value)
-                            self.evictable[ci][0] += size(d.value)
-                else:
-                    d.host_ref -= 1
-                    if d.host_ref == 0:
-                        touched[nid] = node
-                        if d.host_value is not None:
-                            self.protected[ci][1] -= size(d.host_value)
-                            self.evictable[ci][1] += size(d.host_value)
+                refs = d.refs
+                refs[tier] -= 1
+                if refs[tier] == 0:
+                    touched[nid] = node
+                    v = d.values[tier]
+                    if v is not None:
+                        prl[tier] -= size(v)
+                        evl[tier] += size(v)
         for ci in list(entry.pins):
             if cis is None or ci in cis:
                 del entry.pins[ci]
@@ -295,10 +297,10 @@ class CacheCore(Recording):
         if final:
             del self.locks[entry.receipt_id]
         for node in touched.values():
-            if not node.device_children or node.data[0].value is None:
+            if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
-            self._m(ev.LOCK_RELEASE, entry.anchor, None, TIERS[entry.tier],
+            self._m(ev.LOCK_RELEASE, entry.anchor, None, TIER_LABELS[entry.tier],
                     (entry.receipt_id, out, final))
 
     # ---- structure -------------------------------------------------------------------------
@@ -317,7 +319,7 @@ class CacheCore(Recording):
             comp.split(child.data[comp.index], new.data[comp.index], k)
             if comp.copies_refs_on_split:
                 ref_cis.append(comp.index)
-        new.device_children = 1 if child.data[0].value is not None else 0
+        new.device_children = 1 if child.data[0].values[DEVICE] is not None else 0
         for entry in self.locks.values():
             for ci in ref_cis:
                 ids = entry.pins.get(ci)
@@ -339,22 +341,22 @@ class CacheCore(Recording):
                 self._emit_state(child, ci)
         return new
 
-    def delete(self, node: Node) -> tuple[dict[int, int], dict[int, int]]:
+    def delete(self, node: Node) -> tuple[dict[int, int], ...]:
         """Free every value of a childless, unpinned node and remove it. Returns the slots
-        freed per component index, (device, host)."""
-        freed: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        freed per component index, one dict per tier."""
+        freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
         for ci in range(len(self.comps)):
             d = node.data[ci]
-            for tier in (DEVICE, HOST):
-                v = d.value if tier == DEVICE else d.host_value
+            for tier in TIERS:
+                v = d.values[tier]
                 if v is not None:
                     self.set_value(node, ci, tier, None)
                     freed[tier][ci] = self.free_slots(ci, tier, v)
             if self.lru[ci] is not None:
-                self.lru[ci][0].pop(node.id, None)
-                self.lru[ci][1].pop(node.id, None)
-        self.d_leaves.discard(node.id)
-        self.h_leaves.discard(node.id)
+                for lru in self.lru[ci]:
+                    lru.pop(node.id, None)
+        for live in self.leaves:
+            live.discard(node.id)
         parent = node.parent
         self.tree.detach(node)
         if self._on:
@@ -385,12 +387,12 @@ class CacheCore(Recording):
         for comp in self.comps:
             if not comp.uses_lru:
                 continue
-            dev, host = self.lru[comp.index]
+            lrus = self.lru[comp.index]
             for x in reversed(path[:comp.recency_span(path)]):  # deepest ends up most recent
-                if x.id in dev:
-                    dev.move_to_end(x.id)
-                elif x.id in host:
-                    host.move_to_end(x.id)
+                for lru in lrus:
+                    if x.id in lru:
+                        lru.move_to_end(x.id)
+                        break
         if self._on:
             self._m(ev.NODE_TOUCH, node.id, None, None, t)
         if len(self._d_heap) > 4 * len(self.d_leaves) + 1024 or \

@@ -13,447 +13,326 @@ it, in the order asked, so tests choose the completion order.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import eviction
 from radixscope.cache.errors import StaleHandle
 from radixscope.cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
-from radixscope.cache.state import DEVICE, HOST, CacheCore
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
 
 
-class _Pending:
-    """A submitted transfer not yet acked: its CUDA event (None on CPU), staging buffers, and
-    whether its copies have run (CPU: at ``poll``, or earlier when a reader needed them)."""
+class Transfers(CacheCore):
+    """Backup and load-back transfers and their acks: methods of ``HiRadixCache``."""
 
-    __slots__ = ("transfer", "event", "started", "nbytes", "staging", "ran")
-
-    def __init__(self, transfer: Transfer, event, started: int, nbytes: int, staging) -> None:
-        self.transfer = transfer
-        self.event = event
-        self.started = started
-        self.nbytes = nbytes
-        self.staging = staging
-        self.ran = False
-
-
-class TransferEngine:
-    """Runs transfers: a side CUDA stream with events, or deferred CPU copies."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device.startswith("cuda")
-        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        self.pending: OrderedDict[int, _Pending] = OrderedDict()
-
-    def submit(self, core: CacheCore, t: Transfer) -> None:
-        if not self.cuda:
-            self.pending[t.transfer_id] = _Pending(t, None, 0, 0, None)
+    def _make_ready_nodes(self, nodes) -> None:
+        """Make every in-flight load-back writing device data of ``nodes`` readable (see
+        ``TransferEngine.make_ready``). O(len(nodes)); nothing to do when no load-back is in flight."""
+        loading = self.loading
+        if not loading:
             return
-        started = time.time_ns()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        staging = []
-        nbytes = 0
-        with torch.cuda.stream(self.stream):
-            for c in t.copies:
-                src = core.pool(core.ci[c.component], _tier(c.src_tier))
-                dst = core.pool(core.ci[c.component], _tier(c.dst_tier))
-                dim = 2 if src.buf.dim() == 5 else 0
-                nbytes += c.src.numel() * src.bytes_per_slot
-                if c.src_tier == ev.TIER_DEVICE and c.dst_tier == ev.TIER_HOST:
-                    # gather on device, land in pinned staging
-                    data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
-                    host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
-                    host.copy_(data, non_blocking=True)
-                    staging.append((dst, dim, c.dst, host))
-                elif c.src_tier == ev.TIER_DEVICE:  # device -> device (a CoW state copy)
-                    data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
-                    dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), data)
-                    staging.append((None, dim, None, data))
-                else:  # gather on host into pinned memory, scatter on device
-                    data = src.buf.index_select(dim, c.src).pin_memory()
-                    dev = data.to(dst.buf.device, non_blocking=True)
-                    dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), dev)
-                    staging.append((None, dim, None, data))
-        event = torch.cuda.Event()
-        event.record(self.stream)
-        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, staging)
+        tids: set[int] = set()
+        for n in nodes:
+            got = loading.get(n.id)
+            if got:
+                tids.update(got)
+        for tid in sorted(tids):
+            self.engine.make_ready(self, tid)
 
-    def make_ready(self, core: CacheCore, tid: int) -> None:
-        """Make transfer ``tid``'s device writes visible to work the caller issues next, without
-        acking it. CPU: run its copies now (once). CUDA: the caller's current stream waits on
-        the transfer's event (no host sync)."""
-        p = self.pending[tid]
-        if p.event is None:
-            if not p.ran:
-                p.started = time.time_ns()
-                p.nbytes = _run_cpu(core, p.transfer)
-                p.ran = True
-        else:
-            torch.cuda.current_stream().wait_event(p.event)
+    def _register_transfer(self, t: Transfer) -> None:
+        self.transfers[t.transfer_id] = t
+        self.transfer_nodes[t.transfer_id] = list(t.node_ids)
+        if t.kind == "load_back":
+            loading = self.loading
+            for nid in t.node_ids:
+                loading[nid] = loading.get(nid, ()) + (t.transfer_id,)
+        self._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
+                (t.transfer_id, t.kind, t.node_ids, t.amounts()))
+        self.engine.submit(self, t)
 
-    def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
-        """Finished transfers as (transfer, started_ns, bytes), removed from pending."""
-        order = list(self.pending) if ids is None else ids
-        done = []
-        for tid in order:
-            p = self.pending[tid]
-            if p.event is None:
-                if not p.ran:
-                    p.started = time.time_ns()
-                    p.nbytes = _run_cpu(core, p.transfer)
-            else:
-                if not wait and not p.event.query():
-                    continue
-                p.event.synchronize()
-                for dst, dim, idx, host in p.staging:
-                    if dst is not None:
-                        dst.buf.index_copy_(dim, idx, host)
-            del self.pending[tid]
-            done.append((p.transfer, p.started, p.nbytes))
-        return done
+    def _next_tid(self) -> int:
+        tid = self._next_transfer
+        self._next_transfer += 1
+        return tid
 
-
-def make_ready(core: CacheCore, nodes) -> None:
-    """Make every in-flight load-back writing device data of ``nodes`` readable (see
-    ``TransferEngine.make_ready``). O(len(nodes)); nothing to do when no load-back is in flight."""
-    loading = core.loading
-    if not loading:
-        return
-    tids: set[int] = set()
-    for n in nodes:
-        got = loading.get(n.id)
-        if got:
-            tids.update(got)
-    for tid in sorted(tids):
-        core.engine.make_ready(core, tid)
-
-
-def _tier(name: str) -> int:
-    return DEVICE if name == ev.TIER_DEVICE else HOST
-
-
-def _run_cpu(core: CacheCore, t: Transfer) -> int:
-    nbytes = 0
-    for c in t.copies:
-        ci = core.ci[c.component]
-        src, dst = core.pool(ci, _tier(c.src_tier)), core.pool(ci, _tier(c.dst_tier))
-        dim = 2 if src.buf.dim() == 5 else 0
-        dst.buf.index_copy_(dim, c.dst, src.buf.index_select(dim, c.src))
-        nbytes += c.src.numel() * src.bytes_per_slot
-    return nbytes
-
-
-def _register(core: CacheCore, t: Transfer) -> None:
-    core.transfers[t.transfer_id] = t
-    core.transfer_nodes[t.transfer_id] = list(t.node_ids)
-    if t.kind == "load_back":
-        loading = core.loading
-        for nid in t.node_ids:
-            loading[nid] = loading.get(nid, ()) + (t.transfer_id,)
-    core._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
-            (t.transfer_id, t.kind, t.node_ids, t.amounts()))
-    core.engine.submit(core, t)
-
-
-def _next_tid(core: CacheCore) -> int:
-    tid = core._next_transfer
-    core._next_transfer += 1
-    return tid
-
-
-# ---- backup ------------------------------------------------------------------------------------
-def backup(core: CacheCore, node: Node, cis: set[int] | None = None) -> int | None:
-    """Start a device -> host copy of ``node`` (and, under write-through, its unbacked ancestors,
-    root-first, so host copies stay prefix-closed). ``cis`` limits the copy to those components
-    (write_back saving auxiliary data it is about to tombstone). Returns the transfer id or
-    None."""
-    write_through = core.config.write_policy != "write_back"
-    chain: list[tuple[Node, list[int]]] = []
-    cur = node
-    while cur.parent is not None:
-        needs = [ci for ci, d in enumerate(cur.data) if d.value is not None and d.host_value is None
-                 and (cis is None or ci in cis)]
-        if not needs:
-            break
-        chain.append((cur, needs))
-        if not write_through:
-            break
-        cur = cur.parent
-    if not chain:
-        return None
-    chain.reverse()
-    nodes = [n for n, _ in chain]
-    tid = _next_tid(core)
-    owner = f"transfer:{tid}"
-    # pin first, so making host room below cannot delete (or demote) what we are copying.
-    # FULL pins the whole path to the root, like any lock: an ancestor of a pinned node can
-    # never be a leaf, so counting it as evictable would let admission over-promise
-    dev_pins: dict[int, list[Node]] = {0: core.tree.path_to_root(node)}
-    host_pins: dict[int, list[Node]] = {}
-    for comp in core.comps:
-        with_ci = [n for n, needs in chain if comp.index in needs]
-        if with_ci:
-            host_pins[comp.index] = with_ci
-            if comp.index:
-                dev_pins[comp.index] = with_ci
-    r1 = core.acquire(node, DEVICE, dev_pins, owner)
-    r2 = core.acquire(node, HOST, host_pins, owner)
-    host: dict[int, torch.Tensor] = {}
-    for ci, with_ci in host_pins.items():
-        amount = sum(core.comps[ci].size(n.data[ci].value) for n in with_ci)
-        got = core.take_slots(ci, HOST, amount)
-        if got is None:
-            eviction.evict_host(core, ci, amount - core.pool(ci, HOST).alloc.available)
-            got = core.take_slots(ci, HOST, amount)
-        if got is None:
-            for cj, idx in host.items():
-                core.free_slots(cj, HOST, idx)
-            core.release(core.locks[r2])
-            core.release(core.locks[r1])
+    def _backup(self, node: Node, cis: set[int] | None = None) -> int | None:
+        """Start a device -> host copy of ``node`` (and, under write-through, its unbacked ancestors,
+        root-first, so host copies stay prefix-closed). ``cis`` limits the copy to those components
+        (write_back saving auxiliary data it is about to tombstone). Returns the transfer id or
+        None."""
+        write_through = self.config.write_policy != "write_back"
+        chain: list[tuple[Node, list[int]]] = []
+        cur = node
+        while cur.parent is not None:
+            needs = [ci for ci, d in enumerate(cur.data) if d.values[DEVICE] is not None and d.values[HOST] is None
+                     and (cis is None or ci in cis)]
+            if not needs:
+                break
+            chain.append((cur, needs))
+            if not write_through:
+                break
+            cur = cur.parent
+        if not chain:
             return None
-        host[ci] = got
-    copies = []
-    for ci, dst in host.items():
-        size = core.comps[ci].size
-        srcs, off = [], 0
-        for n in host_pins[ci]:
-            v = n.data[ci].value
-            k = size(v)
-            core.set_value(n, ci, HOST, dst[off:off + k].clone())
-            srcs.append(v)
-            off += k
-        copies.append(PoolCopy(core.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
-                               torch.cat(srcs), dst.clone()))
-    t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
-                 core._cur_op, (r1, r2), time.time_ns())
-    _register(core, t)
-    return tid
-
-
-def backup_after_insert(core: CacheCore, node: Node) -> tuple[int, ...]:
-    """Insert-time backups per write policy (none under write_back)."""
-    cfg = core.config
-    if not cfg.has_host or cfg.write_policy == "write_back":
-        return ()
-    if cfg.write_policy == "write_through_selective":
-        while node.parent is not None and node.hit_count < cfg.write_through_threshold:
-            node = node.parent
-        if node.parent is None:
-            return ()
-    tid = backup(core, node)
-    return () if tid is None else (tid,)
-
-
-def backup_sync(core: CacheCore, node: Node, cis: set[int] | None = None) -> bool:
-    """Write-back: back ``node`` up (only ``cis`` when given) and wait for the copy (used right
-    before demoting it, or before tombstoning its auxiliary data)."""
-    tid = backup(core, node, cis)
-    if tid is None:
-        return False
-    poll(core, [tid], wait=True)
-    return True
-
-
-# ---- load-back -----------------------------------------------------------------------------------
-def load_back(core: CacheCore, anchor: Node, cow_mamba: bool) -> LoadBackResult:
-    tree = core.tree
-    path = tree.path_to_root(anchor)
-    _validate_anchor(core, anchor, path)
-    si, mi = core.ci.get("swa"), core.ci.get("mamba")
-    plans: dict[int, list[Node]] = {}
-    cut = None
-    for comp in core.comps:
-        nodes, c = comp.load_plan(path)
-        plans[comp.index] = nodes
-        if c is not None:
-            cut = (nodes[-1], c)
-    amounts = {ci: sum(core.comps[ci].size(n.data[ci].host_value) for n in ns)
-               for ci, ns in plans.items() if ns}
-    if cut is not None:
-        amounts[si] -= len(cut[0].key) - cut[1]  # only the in-window pages load
-    want_cow = cow_mamba and mi is not None and anchor.parent is not None
-    thresh = core.config.load_back_threshold
-    if not amounts or (set(amounts) == {0} and amounts[0] < thresh):
-        slot = _cow_now(core, anchor, mi) if want_cow else None
-        return _result(core, anchor, {}, None, slot)
-    if want_cow and mi not in amounts and anchor.data[mi].value is None:
-        want_cow = False  # no state to copy on either tier
-    need = dict(amounts)
-    if want_cow:
-        need[mi] = need.get(mi, 0) + 1
-    _check_room(core, anchor, need)  # raises with nothing changed
-    if cut is not None:
-        core.split(cut[0], len(cut[0].key) - cut[1])  # keep only in-window pages
-        path = tree.path_to_root(anchor)
-        plans[0] = core.comps[0].load_plan(path)[0]  # the cut-off top is part of FULL's segment
-    tid = _next_tid(core)
-    owner = f"transfer:{tid}"
-    pins, _skipped = core.lock_pins(anchor)
-    tmp = core.acquire(anchor, DEVICE, pins, "load_back")
-    # host-pin the sources before allocating: eviction (a write-back backup looking for host
-    # room) must not reclaim the very nodes we are about to load
-    r2 = core.acquire(anchor, HOST, {ci: ns for ci, ns in plans.items() if ci in amounts}, owner)
-    try:
-        slots = _alloc_all(core, amounts, mi if want_cow else None)
-    except BaseException:
-        core.release(core.locks[r2])
-        raise
-    finally:
-        core.release(core.locks[tmp])
-    cow_slot = slots.pop(-1, None)
-    copies = []
-    for ci, ns in plans.items():
-        if ci not in slots:
-            continue
-        size = core.comps[ci].size
-        dst, srcs, off = slots[ci], [], 0
-        for n in reversed(ns):  # root-first
-            hv = n.data[ci].host_value
-            k = size(hv)
-            core.set_value(n, ci, DEVICE, dst[off:off + k].clone())
-            srcs.append(hv)
-            off += k
-        copies.append(PoolCopy(core.comps[ci].name, ev.TIER_HOST, ev.TIER_DEVICE,
-                               torch.cat(srcs), dst.clone()))
-    if cow_slot is not None:
-        state = anchor.data[mi]
-        if mi not in slots:  # copying the device state: an earlier load-back may still write it
-            make_ready(core, [anchor])
-        src = state.host_value if mi in slots else state.value
-        copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
-                               ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
-    dev_pins, _ = core.lock_pins(anchor)
-    r1 = core.acquire(anchor, DEVICE, dev_pins, owner)
-    loaded_nodes = sorted({n.id for ns in plans.values() for n in ns})
-    t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), core._cur_op,
-                 (r1, r2), time.time_ns())
-    _register(core, t)
-    if cow_slot is not None:
-        core.cow_pending[int(cow_slot[0])] = tid
-    return _result(core, anchor, amounts, tid, cow_slot)
-
-
-def _validate_anchor(core: CacheCore, anchor: Node, path: list[Node]) -> None:
-    """The anchor must be accepted on device or host by every component (seed bug class 1)."""
-    if anchor.parent is None:
-        return
-    vals = [c.validator(True) for c in core.comps]
-    ok = [True] * len(vals)
-    for n in reversed(path):
-        ok = [v(n) for v in vals]
-    bad = [core.comps[i].name for i, good in enumerate(ok) if not good]
-    if bad:
-        raise StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
-                          f"{bad}: the match is stale; match again")
-
-
-def _check_room(core: CacheCore, anchor: Node, need: dict[int, int]) -> None:
-    """Raise CacheOutOfMemory unless every component can make room with the anchor's own path
-    pinned (the same arithmetic as admission), before anything is changed."""
-    pins, _ = core.lock_pins(anchor)
-    for ci, amt in need.items():
-        size = core.comps[ci].size
-        own = sum(size(n.data[ci].value) for n in pins.get(ci, ())
-                  if n.data[ci].value is not None and n.data[ci].lock_ref == 0)
-        alloc = core.device_pools[ci].alloc
-        if alloc.available + core.evictable[ci][DEVICE] - own < amt:
-            raise core.oom(ci, DEVICE, amt, f"load-back; {own} evictable slots are on the "
-                           "anchor's own path")
-
-
-def _alloc_all(core: CacheCore, amounts: dict[int, int], cow_ci) -> dict[int, torch.Tensor]:
-    """Allocate every component's device slots or raise before evicting anything."""
-    need = dict(amounts)
-    if cow_ci is not None:
-        need[cow_ci] = need.get(cow_ci, 0) + 1
-    for ci, amt in need.items():
-        alloc = core.device_pools[ci].alloc
-        if alloc.available + core.evictable[ci][DEVICE] < amt:
-            raise core.oom(ci, DEVICE, amt, "load-back")
-    out: dict[int, torch.Tensor] = {}
-    try:
-        for ci, amt in need.items():
-            alloc = core.device_pools[ci].alloc
-            if alloc.available < amt:
-                eviction.evict_device(core, ci, amt - alloc.available)
-            got = core.take_slots(ci, DEVICE, amt)
+        chain.reverse()
+        nodes = [n for n, _ in chain]
+        tid = self._next_tid()
+        owner = f"transfer:{tid}"
+        # pin first, so making host room below cannot delete (or demote) what we are copying.
+        # FULL pins the whole path to the root, like any lock: an ancestor of a pinned node can
+        # never be a leaf, so counting it as evictable would let admission over-promise
+        dev_pins: dict[int, list[Node]] = {0: self.tree.path_to_root(node)}
+        host_pins: dict[int, list[Node]] = {}
+        for comp in self.comps:
+            with_ci = [n for n, needs in chain if comp.index in needs]
+            if with_ci:
+                host_pins[comp.index] = with_ci
+                if comp.index:
+                    dev_pins[comp.index] = with_ci
+        r1 = self.acquire(node, DEVICE, dev_pins, owner)
+        r2 = self.acquire(node, HOST, host_pins, owner)
+        host: dict[int, torch.Tensor] = {}
+        for ci, with_ci in host_pins.items():
+            amount = sum(self.comps[ci].size(n.data[ci].values[DEVICE]) for n in with_ci)
+            got = self.take_slots(ci, HOST, amount)
             if got is None:
-                raise core.oom(ci, DEVICE, amt, "load-back: eviction fell short")
-            out[ci] = got
-    except BaseException:
-        for ci, got in out.items():
-            core.free_slots(ci, DEVICE, got)
-        raise
-    if cow_ci is not None:
-        both = out[cow_ci]
-        out[-1] = both[-1:]
-        if both.numel() > 1:
-            out[cow_ci] = both[:-1]
-        else:
-            del out[cow_ci]
-        core.request_held[cow_ci][DEVICE] += 1
-    return out
+                self._evict_host_slots(ci, amount - self.pool(ci, HOST).alloc.available)
+                got = self.take_slots(ci, HOST, amount)
+            if got is None:
+                for cj, idx in host.items():
+                    self.free_slots(cj, HOST, idx)
+                self.release(self.locks[r2])
+                self.release(self.locks[r1])
+                return None
+            host[ci] = got
+        copies = []
+        for ci, dst in host.items():
+            size = self.comps[ci].size
+            srcs, off = [], 0
+            for n in host_pins[ci]:
+                v = n.data[ci].values[DEVICE]
+                k = size(v)
+                self.set_value(n, ci, HOST, dst[off:off + k].clone())
+                srcs.append(v)
+                off += k
+            copies.append(PoolCopy(self.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
+                                   torch.cat(srcs), dst.clone()))
+        t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
+                     self._cur_op, (r1, r2), time.time_ns())
+        self._register_transfer(t)
+        return tid
 
+    def _backup_after_insert(self, node: Node) -> tuple[int, ...]:
+        """Insert-time backups per write policy (none under write_back)."""
+        cfg = self.config
+        if not cfg.has_host or cfg.write_policy == "write_back":
+            return ()
+        if cfg.write_policy == "write_through_selective":
+            while node.parent is not None and node.hit_count < cfg.write_through_threshold:
+                node = node.parent
+            if node.parent is None:
+                return ()
+        tid = self._backup(node)
+        return () if tid is None else (tid,)
 
-def _cow_now(core: CacheCore, anchor: Node, mi: int) -> torch.Tensor | None:
-    if anchor.data[mi].value is None:
-        return None
-    make_ready(core, [anchor])  # the state may come from a load-back still in flight
-    return core._cow_mamba(anchor)
+    def _backup_sync(self, node: Node, cis: set[int] | None = None) -> bool:
+        """Write-back: back ``node`` up (only ``cis`` when given) and wait for the copy (used right
+        before demoting it, or before tombstoning its auxiliary data)."""
+        tid = self._backup(node, cis)
+        if tid is None:
+            return False
+        self._poll([tid], wait=True)
+        return True
 
+    def _load_back(self, anchor: Node, cow_mamba: bool) -> LoadBackResult:
+        tree = self.tree
+        path = tree.path_to_root(anchor)
+        self._validate_anchor(anchor, path)
+        si, mi = self.ci.get("swa"), self.ci.get("mamba")
+        plans: dict[int, list[Node]] = {}
+        cut = None
+        for comp in self.comps:
+            nodes, c = comp.load_plan(path)
+            plans[comp.index] = nodes
+            if c is not None:
+                cut = (nodes[-1], c)
+        amounts = {ci: sum(self.comps[ci].size(n.data[ci].values[HOST]) for n in ns)
+                   for ci, ns in plans.items() if ns}
+        if cut is not None:
+            amounts[si] -= len(cut[0].key) - cut[1]  # only the in-window pages load
+        want_cow = cow_mamba and mi is not None and anchor.parent is not None
+        thresh = self.config.load_back_threshold
+        if not amounts or (set(amounts) == {0} and amounts[0] < thresh):
+            slot = self._cow_now(anchor, mi) if want_cow else None
+            return self._load_result(anchor, {}, None, slot)
+        if want_cow and mi not in amounts and anchor.data[mi].values[DEVICE] is None:
+            want_cow = False  # no state to copy on either tier
+        need = dict(amounts)
+        if want_cow:
+            need[mi] = need.get(mi, 0) + 1
+        self._check_room(anchor, need)  # raises with nothing changed
+        if cut is not None:
+            self.split(cut[0], len(cut[0].key) - cut[1])  # keep only in-window pages
+            path = tree.path_to_root(anchor)
+            plans[0] = self.comps[0].load_plan(path)[0]  # the cut-off top is part of FULL's segment
+        tid = self._next_tid()
+        owner = f"transfer:{tid}"
+        pins, _skipped = self.lock_pins(anchor)
+        tmp = self.acquire(anchor, DEVICE, pins, "load_back")
+        # host-pin the sources before allocating: eviction (a write-back backup looking for host
+        # room) must not reclaim the very nodes we are about to load
+        r2 = self.acquire(anchor, HOST, {ci: ns for ci, ns in plans.items() if ci in amounts}, owner)
+        try:
+            slots = self._alloc_all(amounts, mi if want_cow else None)
+        except BaseException:
+            self.release(self.locks[r2])
+            raise
+        finally:
+            self.release(self.locks[tmp])
+        cow_slot = slots.pop(-1, None)
+        copies = []
+        for ci, ns in plans.items():
+            if ci not in slots:
+                continue
+            size = self.comps[ci].size
+            dst, srcs, off = slots[ci], [], 0
+            for n in reversed(ns):  # root-first
+                hv = n.data[ci].values[HOST]
+                k = size(hv)
+                self.set_value(n, ci, DEVICE, dst[off:off + k].clone())
+                srcs.append(hv)
+                off += k
+            copies.append(PoolCopy(self.comps[ci].name, ev.TIER_HOST, ev.TIER_DEVICE,
+                                   torch.cat(srcs), dst.clone()))
+        if cow_slot is not None:
+            state = anchor.data[mi]
+            if mi not in slots:  # copying the device state: an earlier load-back may still write it
+                self._make_ready_nodes([anchor])
+            src = state.values[HOST] if mi in slots else state.values[DEVICE]
+            copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
+                                   ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
+        dev_pins, _ = self.lock_pins(anchor)
+        r1 = self.acquire(anchor, DEVICE, dev_pins, owner)
+        loaded_nodes = sorted({n.id for ns in plans.values() for n in ns})
+        t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), self._cur_op,
+                     (r1, r2), time.time_ns())
+        self._register_transfer(t)
+        if cow_slot is not None:
+            self.cow_pending[int(cow_slot[0])] = tid
+        return self._load_result(anchor, amounts, tid, cow_slot)
 
-def _result(core: CacheCore, anchor: Node, amounts: dict[int, int], tid, cow_slot
-            ) -> LoadBackResult:
-    path = core.tree.path_to_root(anchor)[::-1]
-    vals = [n.data[0].value for n in path]
-    if any(v is None for v in vals):
-        idx = torch.empty(0, dtype=torch.int64)
-        k = 0
-        while k < len(vals) and vals[k] is not None:
-            k += 1
-        vals = vals[:k]
-    idx = torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
-    loaded = tuple((c.name, amounts.get(c.index, 0)) for c in core.comps)
-    return LoadBackResult(anchor.id, idx, idx.numel(), loaded,
-                          None if tid is None else TransferId(tid, core.instance), cow_slot,
-                          core.instance)
+    def _validate_anchor(self, anchor: Node, path: list[Node]) -> None:
+        """The anchor must be accepted on device or host by every component (seed bug class 1)."""
+        if anchor.parent is None:
+            return
+        vals = [c.validator(True) for c in self.comps]
+        ok = [True] * len(vals)
+        for n in reversed(path):
+            ok = [v(n) for v in vals]
+        bad = [self.comps[i].name for i, good in enumerate(ok) if not good]
+        if bad:
+            raise StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
+                              f"{bad}: the match is stale; match again")
 
+    def _check_room(self, anchor: Node, need: dict[int, int]) -> None:
+        """Raise CacheOutOfMemory unless every component can make room with the anchor's own path
+        pinned (the same arithmetic as admission), before anything is changed."""
+        pins, _ = self.lock_pins(anchor)
+        for ci, amt in need.items():
+            size = self.comps[ci].size
+            own = sum(size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
+                      if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
+            alloc = self.device_pools[ci].alloc
+            if alloc.available + self.evictable[ci][DEVICE] - own < amt:
+                raise self.oom(ci, DEVICE, amt, f"load-back; {own} evictable slots are on the "
+                               "anchor's own path")
 
-# ---- completion ----------------------------------------------------------------------------------
-def poll(core: CacheCore, ids: list[int] | None, wait: bool) -> list[int]:
-    out = []
-    for t, started, nbytes in core.engine.collect(core, ids, wait):
-        _ack(core, t, started, nbytes)
-        out.append(t.transfer_id)
-    return out
-
-
-def _ack(core: CacheCore, t: Transfer, started: int, nbytes: int) -> None:
-    tok = core._begin()
-    for rid in t.receipts:
-        core.release(core.locks[rid])
-    del core.transfers[t.transfer_id]
-    covered = core.transfer_nodes.pop(t.transfer_id, ())
-    if t.kind == "load_back":
-        for slot in [s for s, x in core.cow_pending.items() if x == t.transfer_id]:
-            del core.cow_pending[slot]
-        loading = core.loading
-        for nid in covered:
-            left = tuple(x for x in loading.get(nid, ()) if x != t.transfer_id)
-            if left:
-                loading[nid] = left
+    def _alloc_all(self, amounts: dict[int, int], cow_ci) -> dict[int, torch.Tensor]:
+        """Allocate every component's device slots or raise before evicting anything."""
+        need = dict(amounts)
+        if cow_ci is not None:
+            need[cow_ci] = need.get(cow_ci, 0) + 1
+        for ci, amt in need.items():
+            alloc = self.device_pools[ci].alloc
+            if alloc.available + self.evictable[ci][DEVICE] < amt:
+                raise self.oom(ci, DEVICE, amt, "load-back")
+        out: dict[int, torch.Tensor] = {}
+        try:
+            for ci, amt in need.items():
+                alloc = self.device_pools[ci].alloc
+                if alloc.available < amt:
+                    self._evict_device(ci, amt - alloc.available)
+                got = self.take_slots(ci, DEVICE, amt)
+                if got is None:
+                    raise self.oom(ci, DEVICE, amt, "load-back: eviction fell short")
+                out[ci] = got
+        except BaseException:
+            for ci, got in out.items():
+                self.free_slots(ci, DEVICE, got)
+            raise
+        if cow_ci is not None:
+            both = out[cow_ci]
+            out[-1] = both[-1:]
+            if both.numel() > 1:
+                out[cow_ci] = both[:-1]
             else:
-                loading.pop(nid, None)
-    core._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
-    attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
-             ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
-             ev.A_TOKENS: dict(t.amounts()).get("full", 0), ev.A_FREED: dict(t.amounts()),
-             ev.A_NODES: len(t.node_ids)}
-    core.end_transfer(tok, attrs, started or t.created_ns)
+                del out[cow_ci]
+            self.request_held[cow_ci][DEVICE] += 1
+        return out
+
+    def _cow_now(self, anchor: Node, mi: int) -> torch.Tensor | None:
+        if anchor.data[mi].values[DEVICE] is None:
+            return None
+        self._make_ready_nodes([anchor])  # the state may come from a load-back still in flight
+        return self._cow_mamba(anchor)
+
+    def _load_result(self, anchor: Node, amounts: dict[int, int], tid, cow_slot
+                ) -> LoadBackResult:
+        path = self.tree.path_to_root(anchor)[::-1]
+        vals = [n.data[0].values[DEVICE] for n in path]
+        if any(v is None for v in vals):
+            idx = torch.empty(0, dtype=torch.int64)
+            k = 0
+            while k < len(vals) and vals[k] is not None:
+                k += 1
+            vals = vals[:k]
+        idx = torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
+        loaded = tuple((c.name, amounts.get(c.index, 0)) for c in self.comps)
+        return LoadBackResult(anchor.id, idx, idx.numel(), loaded,
+                              None if tid is None else TransferId(tid, self.instance), cow_slot,
+                              self.instance)
+
+    def _poll(self, ids: list[int] | None, wait: bool) -> list[int]:
+        out = []
+        for t, started, nbytes in self.engine.collect(self, ids, wait):
+            self._ack(t, started, nbytes)
+            out.append(t.transfer_id)
+        return out
+
+    def _ack(self, t: Transfer, started: int, nbytes: int) -> None:
+        tok = self._begin()
+        for rid in t.receipts:
+            self.release(self.locks[rid])
+        del self.transfers[t.transfer_id]
+        covered = self.transfer_nodes.pop(t.transfer_id, ())
+        if t.kind == "load_back":
+            for slot in [s for s, x in self.cow_pending.items() if x == t.transfer_id]:
+                del self.cow_pending[slot]
+            loading = self.loading
+            for nid in covered:
+                left = tuple(x for x in loading.get(nid, ()) if x != t.transfer_id)
+                if left:
+                    loading[nid] = left
+                else:
+                    loading.pop(nid, None)
+        self._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
+        attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
+                 ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
+                 ev.A_TOKENS: dict(t.amounts()).get("full", 0), ev.A_FREED: dict(t.amounts()),
+                 ev.A_NODES: len(t.node_ids)}
+        self.end_transfer(tok, attrs, started or t.created_ns)
 
 
-__all__ = ["TransferEngine", "backup", "backup_after_insert", "backup_sync", "load_back",
-           "make_ready", "poll"]
+__all__ = ["Transfers"]

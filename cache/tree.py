@@ -12,20 +12,21 @@ from array import array
 import torch
 
 from radixscope.cache.keys import child_key, empty_key, match_len
+from radixscope.cache.tiers import per_tier
 
 ROOT_ID = 0
 
 
 class ComponentData:
-    """One component's state on one node: device value (slot indices), host value, refs."""
+    """One component's state on one node, indexed by ``Tier``: ``values[t]`` the slot indices
+    held on tier ``t`` (None: nothing there), ``refs[t]`` the pins on it (the lock ref on
+    DEVICE, the host ref on HOST)."""
 
-    __slots__ = ("value", "host_value", "lock_ref", "host_ref")
+    __slots__ = ("values", "refs")
 
     def __init__(self) -> None:
-        self.value: torch.Tensor | None = None
-        self.host_value: torch.Tensor | None = None
-        self.lock_ref = 0
-        self.host_ref = 0
+        self.values: list[torch.Tensor | None] = per_tier(None)
+        self.refs: list[int] = per_tier(0)
 
 
 class Node:
@@ -76,12 +77,21 @@ class RadixTree:
     def descend(self, node: Node, tokens: array, off: int, extra_key: object
                 ) -> tuple[Node, int] | None:
         """The child of ``node`` that ``tokens[off:]`` enters and how many of its tokens match
-        (page-rounded, > 0), or None. No mutation."""
-        child = node.children.get(self.file_key(node, tokens, off, extra_key))
+        (page-rounded, > 0), or None. No mutation. The one descent step every walk uses
+        (match, insert, the insert guard): a whole-node match is one C compare of array
+        slices; only a partial one pays for the galloping ``match_len``."""
+        ps = self.page_size
+        ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
+        child = node.children.get((extra_key, ck) if node.parent is None else ck)
         if child is None:
             return None
-        k = match_len(tokens, off, child.key, self.page_size)
-        return (child, k) if k else None
+        key = child.key
+        k = len(key)
+        if tokens[off:off + k] != key:
+            k = match_len(tokens, off, key, ps)
+            if not k:
+                return None
+        return child, k
 
     def walk(self, tokens: array, extra_key: object):
         """Yield ``(node, matched)`` down the path of ``tokens``: each child visited and how many

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from radixscope.cache import events as ev
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import OpRecord, Recorder
+from radixscope.cache.tiers import TIER_LABELS
 
 
 class CountingRecorder(Recorder):
@@ -39,7 +40,7 @@ class CountingRecorder(Recorder):
         self._comps = tuple(snapshot.components)
         for n in snapshot.nodes:
             for comp, st in zip(snapshot.components, n.components, strict=True):
-                self._state[(n.node_id, comp)] = (st.device_len, st.host_len)
+                self._state[(n.node_id, comp)] = st.lens
         if self.inner is not None:
             self.inner.attach(info, snapshot)
 
@@ -57,16 +58,14 @@ class CountingRecorder(Recorder):
             kind = m[2]
             if kind == ev.COMP_STATE:
                 key = (m[3], m[4])
-                dev, host = m[6][0], m[6][1]
+                lens = m[6][0]
                 old = state.get(key)
                 if old is not None:
-                    if old[0] is not None and dev is None:
-                        self.evictions[(m[4], ev.TIER_DEVICE)] += 1
-                        self.evicted[(m[4], ev.TIER_DEVICE)] += old[0]
-                    if old[1] is not None and host is None:
-                        self.evictions[(m[4], ev.TIER_HOST)] += 1
-                        self.evicted[(m[4], ev.TIER_HOST)] += old[1]
-                state[key] = (dev, host)
+                    for label, was, now in zip(TIER_LABELS, old, lens, strict=True):
+                        if was is not None and now is None:
+                            self.evictions[(m[4], label)] += 1
+                            self.evicted[(m[4], label)] += was
+                state[key] = lens
             elif kind == ev.TRANSFER_START:
                 _tid, tkind, _nodes, amounts = m[6]
                 self.transfers[tkind] += 1

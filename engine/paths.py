@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from radixscope.cache.tiers import Tier
+
 
 def window_indices(cache, node_id: int, component: str, tokens: int) -> tuple[int, torch.Tensor]:
     """Device slots of ``component`` for the last ``tokens`` positions of the path to ``node_id``.
@@ -22,7 +24,7 @@ def window_indices(cache, node_id: int, component: str, tokens: int) -> tuple[in
     parts: list[torch.Tensor] = []
     covered = 0
     while node.parent is not None and covered < tokens:
-        value = node.data[ci].value
+        value = node.data[ci].values[Tier.DEVICE]
         if value is None:
             break
         parts.append(value)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixscope.cache import events as ev
 from radixscope.engine.run import RunResult
 
 
@@ -106,7 +105,7 @@ def summarize(result: RunResult) -> Summary:
     e, counter = result.engine, result.counter
     comps = result.config.components
     evictions = tuple((c, t, counter.evictions[(c, t)], counter.evicted[(c, t)])
-                      for c in comps for t in (ev.TIER_DEVICE, ev.TIER_HOST))
+                      for c in comps for t in (p.label for p in e.cache.pool_tiers))
     moved = tuple((k, c, counter.moved[(k, c)]) for k in ("backup", "load_back") for c in comps)
     lat = tuple(OpLatency(op, len(ns), _pctl(ns, 0.5), _pctl(ns, 0.99))
                 for op, ns in sorted(counter.op_ns.items()) if ns)

@@ -11,8 +11,9 @@ Lifetime rules every component follows:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
 
 
@@ -23,6 +24,11 @@ class Component:
     uses_lru: bool = True        # FULL uses the evictable-leaf heap instead
     boundary_state: bool = False  # value belongs to the node's end (MAMBA)
     value_cap: int | None = None  # most slots one node's value may hold (SWA: one paged window)
+    # ---- what readers of snapshots ask (the explainer, the doctor, the UI) ----------------
+    display_name: str = ""       # how reports spell it (FULL, SWA, MAMBA)
+    unit: str = "tokens"         # what one slot of its pools holds
+    is_backbone: bool = False    # FULL: auxiliary data on a node implies FULL data there
+    tombstone_meaning: str = "no data on any tier"  # what a node without its data means
 
     def __init__(self, index: int, config) -> None:
         self.index = index
@@ -37,12 +43,12 @@ class Component:
     # ---- split phase ----------------------------------------------------------------------
     def split(self, child: ComponentData, new: ComponentData, k: int) -> None:
         """Redistribute ``child``'s data when its first ``k`` tokens move to the new parent."""
-        if child.value is not None:
-            new.value, child.value = child.value[:k], child.value[k:]
-        if child.host_value is not None:
-            new.host_value, child.host_value = child.host_value[:k], child.host_value[k:]
+        cv, nv = child.values, new.values
+        for t, v in enumerate(cv):
+            if v is not None:
+                nv[t], cv[t] = v[:k], v[k:]
         if self.copies_refs_on_split:
-            new.lock_ref, new.host_ref = child.lock_ref, child.host_ref
+            new.refs[:] = child.refs
 
     # ---- match phase -----------------------------------------------------------------------
     def validator(self, host_ok: bool) -> Callable[[Node], bool]:
@@ -53,8 +59,18 @@ class Component:
 
         def valid(node: Node) -> bool:
             d = node.data[i]
-            return d.value is not None or (host_ok and d.host_value is not None)
+            return d.values[DEVICE] is not None or (host_ok and d.values[HOST] is not None)
         return valid
+
+    @classmethod
+    def valid_prefix(cls, steps: Iterable[tuple[bool, int]], *, window: int | None = None
+                     ) -> list[bool]:
+        """The match rule on plain data (what ``validator`` decides on live nodes, for readers
+        of snapshots such as the miss explainer): per step of a matched path, top-down, given
+        whether this component holds data there (on the tiers that count) and how many tokens
+        the step matched, is it a valid match end? Default: it holds data. ``window`` is the
+        configured sliding window (components without one ignore it)."""
+        return [has for has, _k in steps]
 
     # ---- recency phase -------------------------------------------------------------------
     def recency_span(self, path: list[Node]) -> int:
@@ -77,7 +93,7 @@ class Component:
     def host_hit_length(self, path: list[Node]) -> int:
         """Slots a load-back anchored at ``path[0]`` (bottom-up path) would allocate."""
         nodes, cut = self.load_plan(path)
-        total = sum(self.size(n.data[self.index].host_value) for n in nodes)
+        total = sum(self.size(n.data[self.index].values[HOST]) for n in nodes)
         if cut is not None and nodes:
             total -= len(nodes[-1].key) - cut
         return total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from radixscope.cache.components.base import Component
+from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
@@ -10,6 +11,9 @@ class FullComponent(Component):
     name = "full"
     priority = 2
     uses_lru = False
+    display_name = "FULL"
+    is_backbone = True
+    tombstone_meaning = "a dead node: FULL holds no data on any tier (an invariant violation)"
 
     def lock_pins(self, path: list[Node]) -> list[Node]:
         return path  # the whole device-resident path to the root
@@ -19,7 +23,7 @@ class FullComponent(Component):
         i = self.index
         out = []
         for node in path:
-            if node.data[i].value is not None:
+            if node.data[i].values[DEVICE] is not None:
                 break
             out.append(node)
         return out, None

@@ -7,6 +7,7 @@ A split leaves the new parent without state; locks pin the anchor only; the per-
 from __future__ import annotations
 
 from radixscope.cache.components.base import Component
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
 
 
@@ -15,6 +16,10 @@ class MambaComponent(Component):
     priority = 0
     copies_refs_on_split = False
     boundary_state = True
+    display_name = "MAMBA"
+    unit = "states"
+    tombstone_meaning = ("no recurrent state at this node's end (by design on most nodes; or "
+                         "dropped under MAMBA pressure / the per-path cap) while FULL stays")
 
     def size(self, value) -> int:
         return 1
@@ -32,7 +37,7 @@ class MambaComponent(Component):
         if not path:
             return [], None
         d = path[0].data[self.index]
-        return ([path[0]] if d.value is None and d.host_value is not None else []), None
+        return ([path[0]] if d.values[DEVICE] is None and d.values[HOST] is not None else []), None
 
     def host_hit_length(self, path: list[Node]) -> int:
         return len(self.load_plan(path)[0])

@@ -9,14 +9,20 @@ FULL stays), leaves included: SWA pressure never deletes FULL data.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from radixscope.cache.components.base import Component
 from radixscope.cache.keys import ceil_paged
+from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
 
 
 class SwaComponent(Component):
     name = "swa"
     priority = 1
+    display_name = "SWA"
+    tombstone_meaning = ("its sliding-window KV was dropped (SWA pressure, or outside every live "
+                         "window) while FULL stays; an insert heals it")
 
     def __init__(self, index: int, config) -> None:
         super().__init__(index, config)
@@ -25,17 +31,22 @@ class SwaComponent(Component):
         self.value_cap = self.window_paged  # fresh leaves are capped, heals stay in the window
 
     def validator(self, host_ok: bool):
-        i, w = self.index, self.window
-        run = [float("inf")]  # tokens of unbroken SWA data ending here; inf until the first gap
+        i = self.index
+        step = _window_rule(self.window)
 
         def valid(node: Node) -> bool:
             d = node.data[i]
-            if d.value is not None or (host_ok and d.host_value is not None):
-                run[0] += len(node.key)
-                return run[0] >= w
-            run[0] = 0
-            return False
+            return step(d.values[DEVICE] is not None
+                        or (host_ok and d.values[HOST] is not None), len(node.key))
         return valid
+
+    @classmethod
+    def valid_prefix(cls, steps: Iterable[tuple[bool, int]], *, window: int | None = None
+                     ) -> list[bool]:
+        if window is None:
+            raise ValueError("the SWA match rule needs the sliding window")
+        step = _window_rule(window)
+        return [step(has, k) for has, k in steps]
 
     def recency_span(self, path: list[Node]) -> int:
         """Only the live window (plus one page) is refreshed, so SWA data further up goes cold
@@ -64,11 +75,26 @@ class SwaComponent(Component):
                 break
             d = node.data[i]
             n = len(node.key)
-            if d.value is None and d.host_value is not None:
+            if d.values[DEVICE] is None and d.values[HOST] is not None:
                 out.append(node)
                 if covered + n > need:
                     cut = need - covered
-            elif d.value is None:
+            elif d.values[DEVICE] is None:
                 break  # a tombstone: the anchor would not have validated; nothing more to load
             covered += n
         return out, cut
+
+
+def _window_rule(window: int) -> Callable[[bool, int], bool]:
+    """The SWA match rule, one step at a time (top-down): a node is a valid match end only with
+    an unbroken run of at least ``window`` tokens of SWA data ending there. The run is
+    unbounded until the first gap (the root's side needs no window)."""
+    run = [float("inf")]
+
+    def step(has: bool, k: int) -> bool:
+        if has:
+            run[0] += k
+            return run[0] >= window
+        run[0] = 0
+        return False
+    return step

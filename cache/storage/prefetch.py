@@ -53,7 +53,7 @@ class PrefetchController:
 
     Args:
         backend: the L3 store (any ``StorageBackend``; failures come back as values).
-        full: the FULL host pool (``kind="full"``).
+        full: the FULL host pool (``kind="prefix"``: every page of the hit).
         aux: other components' pools (``window`` for SWA, ``state`` for MAMBA), fetched after
             FULL, aligned to the hit end, all or nothing.
         config: policy, threshold, timeout budget, rate limit, batch size.
@@ -70,11 +70,11 @@ class PrefetchController:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(backend, StorageBackend):
             raise TypeError(f"backend must be a StorageBackend, got {type(backend).__name__}")
-        if not isinstance(full, PrefetchPool) or full.kind != "full":
-            raise ValueError(f"full must be a PrefetchPool of kind 'full', got {full!r}")
+        if not isinstance(full, PrefetchPool) or full.kind != "prefix":
+            raise ValueError(f"full must be a PrefetchPool of kind 'prefix', got {full!r}")
         aux = tuple(aux)
         for pool in aux:
-            if not isinstance(pool, PrefetchPool) or pool.kind == "full":
+            if not isinstance(pool, PrefetchPool) or pool.kind == "prefix":
                 raise ValueError(f"aux pools must be 'window' or 'state' pools, got {pool!r}")
             if pool.kind == "window" and pool.pages.page_size != full.pages.page_size:
                 raise ValueError(f"window pool {pool.component!r}: page_size "

@@ -1,7 +1,7 @@
 """The pieces of a prefetch: the host pools it fills, its handed-back result, its live state.
 
 ``PrefetchPool`` names one component's host pool (pages, allocator, key fingerprint) and how
-its pages are chosen: ``full`` (every page of the hit), ``window`` (the trailing
+its pages are chosen: ``prefix`` (every page of the hit: FULL), ``window`` (the trailing
 ``window_pages`` pages ending at the hit end: SWA), ``state`` (one state keyed by the hit's
 last page hash: MAMBA). ``PrefetchResult`` is what the caller gets back and then owns.
 ``PrefetchOp`` is the controller's mutable record of one running prefetch, shared with its
@@ -20,7 +20,7 @@ import torch
 from radixscope.cache.storage.keys import Fingerprint
 from radixscope.cache.storage.pages import HostPages
 
-POOL_KINDS = ("full", "window", "state")
+POOL_KINDS = ("prefix", "window", "state")
 
 
 class HostAllocator(Protocol):
@@ -42,7 +42,7 @@ class PrefetchPool:
         pages: the host buffer as pages (``HostPages.page_size`` slots a page).
         allocator: hands out and takes back host slots of that buffer.
         fingerprint: what the stored bytes mean (makes the keys).
-        kind: ``full`` | ``window`` | ``state`` (see the module docstring).
+        kind: ``prefix`` (every page of the hit: FULL) | ``window`` | ``state`` (see the module docstring).
         window_pages: for ``window``: pages of the window fetched at the hit end.
     """
 
@@ -50,7 +50,7 @@ class PrefetchPool:
     pages: HostPages
     allocator: HostAllocator
     fingerprint: Fingerprint
-    kind: str = "full"
+    kind: str = "prefix"
     window_pages: int = 0
 
     def __post_init__(self) -> None:
@@ -65,7 +65,7 @@ class PrefetchPool:
 
     def pages_at(self, hit_pages: int) -> int:
         """Pages of this pool fetched for a hit of ``hit_pages`` FULL pages."""
-        if self.kind == "full":
+        if self.kind == "prefix":
             return hit_pages
         if hit_pages == 0:
             return 0

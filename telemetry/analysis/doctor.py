@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import rules
 from radixscope.cache.snapshot import CacheSnapshot, PoolSnapshot
 
 ERROR = "error"
@@ -33,8 +34,9 @@ class Finding:
 
 
 def unit_of(component: str) -> str:
-    """``states`` for MAMBA pools (one slot per recurrent state), else ``tokens``."""
-    return "states" if component == "mamba" else "tokens"
+    """What one slot of ``component``'s pools holds (``states`` for MAMBA, else ``tokens``):
+    the component's own answer."""
+    return rules(component).unit
 
 
 def _pct(part: int, whole: int) -> str:
@@ -120,8 +122,8 @@ def findings(snap: CacheSnapshot) -> list[Finding]:
         if missing:
             out.append(Finding(ERROR, f"transfer {t.transfer_id}", f"{t.kind} transfer names "
                                f"nodes that do not exist: {missing[:8]}"))
-    if "full" in snap.components:
-        fi = snap.components.index("full")
+    fi = next((i for i, c in enumerate(snap.components) if rules(c).is_backbone), None)
+    if fi is not None:
         for n in snap.nodes:
             if n.parent_id is None:
                 continue
@@ -156,8 +158,8 @@ def _auxiliary(snap: CacheSnapshot, fi: int) -> list[Finding]:
             if c.device_len is not None and f.device_len is None:
                 out.append(Finding(ERROR, f"node {n.node_id}", f"{comp} data on the device but "
                                    "FULL is not (auxiliary data without its backbone)"))
-            if (unit_of(comp) == "tokens" and c.device_len is None and c.host_len is None
-                    and f.device_len is not None):  # MAMBA: no state on most nodes by design
+            if (not rules(comp).boundary_state and c.device_len is None and c.host_len is None
+                    and f.device_len is not None):  # a boundary state (MAMBA): none on most nodes
                 kept_nodes += 1
                 kept_tokens += n.key_len
         if kept_nodes:

@@ -125,7 +125,8 @@ def ledgers(cache: Any, live: CacheSnapshot) -> list[dict]:
     snap_pools = {(p.component, p.tier): p for p in live.pools}
     out = []
     for comp in cache.comps:
-        for ti, tier in enumerate(("device", "host")):
+        for ti in cache.pool_tiers:
+            tier = ti.label
             alloc = cache.pool(comp.index, ti).alloc
             held = cache.request_held[comp.index][ti]
             p = snap_pools[(comp.name, tier)]

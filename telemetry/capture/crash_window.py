@@ -105,7 +105,7 @@ def _read(recorder: Any) -> tuple[CacheSnapshot | None, list[OpRecord], list[Mut
 
 def _unrecorded(cache: Any, last: int) -> list[Mutation]:
     """Mutations the cache made but has not handed to the recorder yet (the failing op's)."""
-    pending = getattr(cache, "_muts", None) or ()
+    pending = cache.pending_mutations() if hasattr(cache, "pending_mutations") else ()
     return [Mutation._make(m) for m in pending if m[0] > last]
 
 
@@ -119,7 +119,7 @@ def _failing_op(cache: Any, ops: list[OpRecord], muts: list[Mutation], op: str |
     rebuilt from the cache's op counter and the ``_run`` frame of the traceback."""
     if exc is None or op is None:
         return None, False
-    cur = getattr(cache, "_cur_op", None)
+    cur = getattr(cache, "current_op_id", None)
     if ops and ops[-1].error is not None and ops[-1].op == op and (cur is None
                                                                    or ops[-1].op_id == cur):
         return ops[-1], False

@@ -22,11 +22,13 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from radixscope.cache.tiers import TIER_LABELS
+
 TIER_MEDIA: dict[str, str] = {"device": "GPU", "host": "CPU"}
+_TIER_SLOT = {lbl: i for i, lbl in enumerate(TIER_LABELS)}  # a tier's index in comp.state
 STORAGE_MEDIUM = "DISK"
 SPEC_KINDS: dict[str, str] = {"full": "full_attention", "swa": "sliding_window"}
 NONE_HASH = b"radixscope-none-hash"
-_STATE_SLOT = {"device": 0, "host": 1}  # where comp.state keeps a tier's length
 MASK64 = (1 << 64) - 1
 
 
@@ -145,8 +147,8 @@ def node_blocks(nid: int, rec: list, hashes: NodeHashes, comp_index: Mapping[str
     for g in groups:
         st = states[comp_index[g.component]]
         for tier, medium in tier_media.items():
-            slot = _STATE_SLOT.get(tier)  # a tier without a slot in comp.state: not here yet
-            n = st[slot] if slot is not None else None
+            slot = _TIER_SLOT.get(tier)  # a tier the cache does not know: nothing there
+            n = st[0][slot] if slot is not None else None
             if n:
                 k = min(npages, -(-n // ps))
                 if k:
@@ -163,7 +165,7 @@ def snapshot_blocks(snap: object, tier_media: Mapping[str, str] | None = None
     groups = groups_for(comps)
     ci = {c: i for i, c in enumerate(comps)}
     nodes = {n.node_id: [n.parent_id, n.extra_key, n.tokens, 0, 0,
-                         [list(s.as_tuple()) for s in n.components]]
+                         [[s.lens, list(s.refs)] for s in n.components]]
              for n in snap.nodes}  # type: ignore[attr-defined]
     hashes = NodeHashes(nodes, snap.page_size)  # type: ignore[attr-defined]
     out: dict[BlockKey, dict[int, Block]] = {}

@@ -14,10 +14,11 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
+from radixscope.cache.tiers import Tier, per_tier
 from radixscope.telemetry.kvevents.wire import Cleared, Decoded, Removed, Stored
 
 MEDIUM_TIERS = {"GPU": "device", "CPU": "host", "CPU_PINNED": "host"}
-_SLOT = {"device": 0, "host": 1}
+_SLOT = {lbl: Tier.of(lbl) for lbl in dict.fromkeys(MEDIUM_TIERS.values())}
 GROUP_COMPONENTS = {"full_attention": "full", "sliding_window": "swa"}
 
 
@@ -155,9 +156,9 @@ class EngineTree:
             return
         nid = self._nid[h]
         held: dict = self._node[nid][3]
-        state = held.setdefault(group, [None, None])
+        state = held.setdefault(group, per_tier(None))
         state[_SLOT[tier]] = self.block_size if on else None
-        self._m("comp.state", nid, self.components[group], (state[0], state[1], 0, 0))
+        self._m("comp.state", nid, self.components[group], (tuple(state), tuple(per_tier(0))))
 
     def _collect(self, nid: int | None) -> None:
         """Delete a node that holds nothing and has no children, then its parents likewise."""
@@ -180,7 +181,7 @@ class EngineTree:
         comps = self.components
         nodes = []
         for nid, (_h, _n, pid, held, toks) in sorted(self._node.items()):
-            states = [[*(held.get(g) or (None, None)), 0, 0] for g in range(len(comps))]
+            states = [[list(held.get(g) or per_tier(None)), per_tier(0)] for g in range(len(comps))]
             nodes.append([nid, pid, None, list(toks), 0, 0, states])
         pools = []
         for c in comps:

@@ -10,7 +10,8 @@ import hashlib
 import sqlite3
 
 BUNDLE_FORMAT = "radixscope.bundle"
-BUNDLE_VERSION = 2  # 2: the manifest digests the info rows; mutations digested from journal
+BUNDLE_VERSION = 3  # 2: the manifest digests the info rows; mutations digested from journal
+#                   3: component states per tier (store schema 4)
 COUNTED_TABLES = ("ops", "mutations", "keyframes", "metrics", "violations", "events")
 DIGESTED = (*COUNTED_TABLES, "info")
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from radixscope.cache import events as ev
 from radixscope.cache.snapshot import CacheSnapshot, SnapshotBuilder
+from radixscope.cache.tiers import TIER_LABELS, Tier
 from radixscope.telemetry.store.keyframes import TokenRefs
 
 PoolKey = tuple[str, str]  # (component, tier)
@@ -70,17 +71,16 @@ class Journal:
         self.last_seq = start.seq
         self.broken = False  # after a gap the replica stops; keyframes and samples stop with it
         order = {c: i for i, c in enumerate(start.components)}
-        pools = sorted(start.pools, key=lambda p: (order[p.component], p.tier != ev.TIER_DEVICE))
+        pools = sorted(start.pools, key=lambda p: (order[p.component], Tier.of(p.tier)))
         self.capacity: dict[PoolKey, int] = {(p.component, p.tier): p.capacity for p in pools}
         self.available: dict[PoolKey, int] = {(p.component, p.tier): p.available
                                               for p in start.pools}
         self.evictable: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
         self.protected: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
         self.in_flight: dict[PoolKey, int] = dict.fromkeys(self.capacity, 0)
-        self._dkey = {c: (c, ev.TIER_DEVICE) if (c, ev.TIER_DEVICE) in self.capacity else None
-                      for c in self.components}
-        self._hkey = {c: (c, ev.TIER_HOST) if (c, ev.TIER_HOST) in self.capacity else None
-                      for c in self.components}
+        # per component, per tier: its pool key, or None where that tier has no pool
+        self._keys = {c: tuple((c, lbl) if (c, lbl) in self.capacity else None
+                               for lbl in TIER_LABELS) for c in self.components}
         for nid, rec in self.builder.nodes.items():
             if nid != 0:
                 for c, st in zip(self.components, rec[5], strict=True):
@@ -170,7 +170,7 @@ class Journal:
             if node != 0:
                 self._delta(comp, states[ci], -1)
                 self._delta(comp, value, +1)
-            states[ci] = list(value)
+            states[ci] = [tuple(value[0]), list(value[1])]
             b.seq = seq
         elif kind == ev.POOL_AVAILABLE:
             b.pools[(comp, tier)][1] = value
@@ -207,14 +207,12 @@ class Journal:
     def _lock_moves(self, acquire: bool, tier: str, pins) -> None:
         """Ledgers for a lock taken or released (before the builder applies it): a pinned
         node's value on the lock's tier moves between evictable and protected exactly when its
-        ref count on that tier crosses zero (``lock_ref`` guards the device value,
-        ``host_ref`` the host value)."""
-        device = tier == ev.TIER_DEVICE
-        ref, val = (2, 0) if device else (3, 1)
+        ref count on that tier crosses zero (the ref on a tier guards the value there)."""
+        t = Tier.of(tier)
         crossing = 0 if acquire else 1
         nodes = self.builder.nodes
         for c, ids in pins:
-            key = (self._dkey if device else self._hkey)[c]
+            key = self._keys[c][t]
             if key is None:
                 continue
             ci = self._ci[c]
@@ -222,8 +220,9 @@ class Journal:
             for nid in ids:
                 if nid:
                     st = nodes[nid][5][ci]
-                    if st[ref] == crossing and st[val] is not None:
-                        moved += st[val]
+                    lens, refs = st
+                    if refs[t] == crossing and lens[t] is not None:
+                        moved += lens[t]
             if moved:
                 if acquire:
                     self.evictable[key] -= moved
@@ -234,15 +233,13 @@ class Journal:
 
     def _delta(self, comp: str, state, sign: int) -> None:
         """Add (``sign=+1``) or remove one node-component state's slots to the ledgers."""
-        dev, host, lock_ref, host_ref = state
-        if dev is not None:
-            key = self._dkey[comp]
-            if key is not None:
-                (self.protected if lock_ref > 0 else self.evictable)[key] += sign * dev
-        if host is not None:
-            key = self._hkey[comp]
-            if key is not None:
-                (self.protected if host_ref > 0 else self.evictable)[key] += sign * host
+        lens, refs = state
+        keys = self._keys[comp]
+        for t, n in enumerate(lens):
+            if n is not None:
+                key = keys[t]
+                if key is not None:
+                    (self.protected if refs[t] > 0 else self.evictable)[key] += sign * n
 
     def _transfer(self, tier: str, amounts: Iterable, sign: int) -> None:
         for c, a in amounts:

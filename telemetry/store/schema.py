@@ -44,8 +44,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 3  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
-#                    keyframes as compressed JSON with token references
+SCHEMA_VERSION = 4  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
+#                    keyframes as compressed JSON with token references; 4: component states
+#                    per tier (``comp.state`` and keyframe nodes carry ``[lens, refs]``, one
+#                    entry per ``Tier``)
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixscope.cache import CacheConfig, CacheOutOfMemory, HiRadixCache, StaleHandle, TransferId
+from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver, make_config
 
 
@@ -46,7 +47,7 @@ def _calls(c: HiRadixCache, held, receipt):
         "unknown receipt": (lambda: c.unlock(stale), ValueError, "999"),
         "not a receipt": (lambda: c.unlock("r1"), TypeError, "str"),
         "double free": (lambda: c.free(torch.cat([held, held])), ValueError, "double free"),
-        "free of tree slots": (lambda: c.free(c.node(2).data[0].value.clone()), ValueError,
+        "free of tree slots": (lambda: c.free(c.node(2).data[0].values[Tier.DEVICE].clone()), ValueError,
                                "owned by the tree"),
         "free of never-allocated slot": (lambda: c.free(torch.tensor([31])), ValueError,
                                          "double free of slot(s) [31]"),
@@ -141,9 +142,9 @@ def busy():
 
 def _op_cases(e):  # noqa: C901 - one table
     c, node, held, hs, hm = e["c"], e["node"], e["held"], e["held_swa"], e["held_mamba"]
-    tree_full = node.data[0].value
-    tree_swa = node.data[c.ci["swa"]].value
-    tree_mamba = node.data[c.ci["mamba"]].value
+    tree_full = node.data[0].values[Tier.DEVICE]
+    tree_swa = node.data[c.ci["swa"]].values[Tier.DEVICE]
+    tree_mamba = node.data[c.ci["mamba"]].values[Tier.DEVICE]
     ins = c.insert
     key2 = [7, 8]
     n = len(tree_full)

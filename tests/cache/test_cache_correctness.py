@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
+from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config, state_for
 
 KEY = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -115,7 +116,7 @@ def _cache():
 ])
 def test_insert_rejects_slots_it_must_not_adopt_or_free(case, needle):
     c, r = _cache()
-    tree_slots = c.node(r.last_node).data[0].value.clone()
+    tree_slots = c.node(r.last_node).data[0].values[Tier.DEVICE].clone()
     new = c.alloc(2)
     call = {
         "same slot twice": lambda: c.insert([9, 9], torch.cat([new[:1], new[:1]])),
@@ -138,7 +139,7 @@ def test_insert_rejects_slots_it_must_not_adopt_or_free(case, needle):
 
 def test_free_of_slots_the_tree_owns_is_rejected():
     c, r = _cache()
-    slots = c.node(r.last_node).data[0].value.clone()
+    slots = c.node(r.last_node).data[0].values[Tier.DEVICE].clone()
     before = c.snapshot()
     with pytest.raises(ValueError, match=r"slots \[\d+.*owned by the tree"):
         c.free(slots)

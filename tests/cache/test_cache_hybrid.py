@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache import HiRadixCache
+from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver, make_config, parents, state_for, states
 
 K = list(range(1, 13))
@@ -141,7 +142,7 @@ def test_mamba_copy_on_write_gives_the_request_its_own_slot():
     c.poll()
     mi = c.ci["mamba"]
     m = c.match_prefix(K[:8], cow_mamba=True)
-    node_slot = c.node(m.last_device_node).data[mi].value
+    node_slot = c.node(m.last_device_node).data[mi].values[Tier.DEVICE]
     assert m.mamba_slot is not None and int(m.mamba_slot) != int(node_slot)
     pool = c.device_pools[mi]
     assert torch.equal(pool.read(m.mamba_slot), state_for(K, 8, (3,)))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
+from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver, make_config, parents, states
 
 K = list(range(1, 21))  # 20 tokens
@@ -170,7 +171,7 @@ def test_check_reports_an_swa_value_longer_than_one_window():
     d.insert(K)
     node = c.node(1)  # 14 tokens, FULL only: give it SWA over all of them behind check's back
     si = c.ci["swa"]
-    node.data[si].value = torch.arange(40, 54)
+    node.data[si].values[Tier.DEVICE] = torch.arange(40, 54)
     names = {name for name, _, _ in c.violations()}
     assert "swa.window_cap" in names
 

@@ -127,8 +127,7 @@ def test_seed_bug_4_no_transfer_or_caller_tensor_shares_storage_with_the_tree():
     idx, swa = c.alloc(4), c.alloc(4, component="swa")
     c.insert([8, 8, 8, 8], idx, swa_indices=swa)
     lb = c.load_back(c.match_prefix([1, 2, 3, 4, 5, 6]))
-    node_vals = [v for n in c.tree.nodes.values() for dd in n.data for v in (dd.value,
-                                                                              dd.host_value)]
+    node_vals = [v for n in c.tree.nodes.values() for dd in n.data for v in dd.values]
     held = [t for tr in c.transfers.values() for cp in tr.copies for t in (cp.src, cp.dst)]
     assert c.transfers and not _storages(node_vals) & _storages(held + [idx, swa,
                                                                          lb.device_indices])

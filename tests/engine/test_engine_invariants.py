@@ -4,6 +4,7 @@ every cache call), and is recorded in the store."""
 
 from __future__ import annotations
 
+from radixscope.cache.tiers import Tier
 from radixscope.engine.doctor import diagnose
 from radixscope.engine.run import RunSpec, execute
 from radixscope.engine.summary import format_summary, summarize
@@ -21,7 +22,7 @@ def free_a_tree_slot(engine):
     if engine.step_no >= 30 and c.d_leaves and not getattr(engine, "_faulted", False):
         engine._faulted = True
         node = c.node(min(c.d_leaves))
-        slot = node.data[0].value[:1]
+        slot = node.data[0].values[Tier.DEVICE][:1]
         c.device_pools[0].alloc.free(slot)
         c.device_pools[0].alloc.mark_tree(slot, False)
 
@@ -30,7 +31,7 @@ def bump_a_lock_ref(engine):
     """State corrupted outside any cache operation, at the end of step 25."""
     if engine.step_no == 25:
         seq = next(s for s in engine.running if s.receipt is not None)
-        engine.cache.node(seq.anchor).data[0].lock_ref += 1
+        engine.cache.node(seq.anchor).data[0].refs[Tier.DEVICE] += 1
 
 
 def test_the_operation_that_broke_it_is_named():

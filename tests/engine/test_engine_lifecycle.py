@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.tiers import Tier
 from radixscope.engine.admit import Admitter
 from radixscope.engine.engine import Engine, EngineConfig
 from radixscope.engine.instrument import CountingRecorder, TimedCache
@@ -103,8 +104,8 @@ def test_verification_catches_corrupted_host_data():
 
     def corrupt(engine):  # once A's data lives on host only, damage one host slot
         for n in engine.cache.tree.nodes.values():
-            hv = n.data[0].host_value
-            if n.parent is not None and n.data[0].value is None and hv is not None:
+            hv = n.data[0].values[Tier.HOST]
+            if n.parent is not None and n.data[0].values[Tier.DEVICE] is None and hv is not None:
                 engine.cache.host_pools[0].buf[:, :, hv[0]] += 1.0
                 engine.on_step = None
                 return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.tiers import Tier
 
 COMBOS = [("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba")]
 COMBO_IDS = ["full", "full+swa", "full+mamba", "full+swa+mamba"]
@@ -115,7 +116,7 @@ class Driver:
         checked = 0
         for x in path:
             k = len(x.key)
-            f = x.data[0].value
+            f = x.data[0].values[Tier.DEVICE]
             if f is not None:
                 got = c.device_pools[0].read(f)
                 want = kv_for(tokens, off, off + k, self._shape(0))
@@ -123,14 +124,14 @@ class Driver:
                 checked += k
             if self.swa:
                 si = c.ci["swa"]
-                s = x.data[si].value
+                s = x.data[si].values[Tier.DEVICE]
                 if s is not None:
                     got = c.device_pools[si].read(s)
                     want = kv_for(tokens, off, off + k, self._shape(si), salt=7)
                     assert torch.equal(got, want), f"SWA content mismatch at node {x.id} pos {off}"
             if self.mamba:
                 mi = c.ci["mamba"]
-                s = x.data[mi].value
+                s = x.data[mi].values[Tier.DEVICE]
                 if s is not None:
                     got = c.device_pools[mi].read(s)
                     want = state_for(tokens, off + k, c.device_pools[mi].buf.shape[1:])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixscope.cache import CacheOutOfMemory, HiRadixCache, InvariantViolation
+from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver, kv_for, make_config, state_for
 
 
@@ -212,9 +213,9 @@ class Fuzzer:
 
     def free_tree_slots(self) -> None:
         nodes = [n for n in self.c.tree.nodes.values() if n.parent is not None
-                 and n.data[0].value is not None]
+                 and n.data[0].values[Tier.DEVICE] is not None]
         if nodes:
-            v = self.rng.choice(nodes).data[0].value.clone()
+            v = self.rng.choice(nodes).data[0].values[Tier.DEVICE].clone()
             self._refused(lambda: self.c.free(v), "owned by the tree")
 
     # ---- driver --------------------------------------------------------------------------

@@ -24,7 +24,10 @@ from radixscope.cache.snapshot import (
     TransferSnapshot,
 )
 
-C = ComponentState
+
+def C(dev, host, lock, href) -> ComponentState:  # noqa: N802 - reads as a constructor
+    """A component state from its device / host lengths and refs (other tiers empty)."""
+    return ComponentState.on({"device": dev, "host": host}, {"device": lock, "host": href})
 NONE = C(None, None, 0, 0)
 COMPS3 = ("full", "swa", "mamba")
 

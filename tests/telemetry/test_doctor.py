@@ -51,7 +51,7 @@ SWA_KEPT = ("1 nodes (6 tokens) hold no swa data while their FULL KV stays on de
 def test_findings_on_a_broken_snapshot():
     s = small_snapshot()
     n = list(s.nodes)
-    n[4] = dataclasses.replace(n[4], components=(ComponentState(None, None, 0, 0),)
+    n[4] = dataclasses.replace(n[4], components=(ComponentState.on(),)
                                + n[4].components[1:])  # dead FULL
     n[6] = dataclasses.replace(n[6], parent_id=4)  # device data under host-only... now dead 4
     pools = (dataclasses.replace(s.pools[0], available=0, evictable=0, protected=20),

@@ -11,6 +11,7 @@ import pytest
 
 from radixscope.cache import CacheOutOfMemory, HiRadixCache, InvariantViolation
 from radixscope.cache.events import FlightRecorder
+from radixscope.cache.tiers import Tier
 from radixscope.telemetry.analysis.load import load, load_bundle
 from radixscope.telemetry.analysis.postmortem import (
     failure_point,
@@ -64,7 +65,7 @@ def test_load_back_oom_writes_a_bundle_that_rebuilds_every_seq_of_its_window(tmp
                         "evictable": 0, "protected": 0}
     assert f["traceback"][-1].startswith("radixscope.cache.errors.CacheOutOfMemory: full/device pool out")
     # the room check fails before the load-back changes anything (no split, no pins)
-    assert [fr["function"] for fr in f["frames"]] == ["_run", "load_back", "_check_room"]
+    assert [fr["function"] for fr in f["frames"]] == ["_run", "_load_back", "_check_room"]
     w = r.manifest()["window"]
     assert (w["keyframe_seq"], w["first_seq"], w["last_seq"], w["replayable"], w["ops"]) == (
         52, 53, 82, True, 8)
@@ -102,7 +103,7 @@ def test_a_leaked_lock_ref_surfaces_as_an_alloc_oom_and_the_bundle_names_it(tmp_
     d.insert([9] * 8, req_id="r2")
     c.poll(wait=True)
     node = c.node(1)
-    node.data[0].lock_ref += 1  # the fault: a pin with no lock behind it, ledgers not moved
+    node.data[0].refs[Tier.DEVICE] += 1  # the fault: a pin with no lock behind it, ledgers not moved
     c.refresh_leaf(node)
     with pytest.raises(CacheOutOfMemory, match="eviction could not reach the evictable total"):
         c.alloc(16, req_id="big")
@@ -323,7 +324,7 @@ def test_damaged_or_foreign_version_bundles_are_clear_errors(bundle_file):
         load_bundle(bundle_file)
     edit(bundle_file, "UPDATE info SET value = ? WHERE key = 'bundle'",
          '{"format": "radixscope.bundle", "version": 99}')
-    with pytest.raises(ValueError, match="has format version 99; this reader reads 2"):
+    with pytest.raises(ValueError, match="has format version 99; this reader reads 3"):
         load_bundle(bundle_file)
     edit(bundle_file, "UPDATE info SET value = ? WHERE key = 'schema'",
          '{"name": "radixscope.telemetry", "version": 7}')

@@ -17,6 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 from radixscope.cache import CacheOutOfMemory, HiRadixCache
+from radixscope.cache.tiers import Tier
 from radixscope.telemetry.capture.crash import install_crash_bundles
 from radixscope.telemetry.capture.flight import KeyframedFlightRecorder
 from tests.kits.cachekit import Driver, make_config
@@ -61,7 +62,7 @@ def test_notebook_runs_on_a_crash_bundle_and_names_the_failure(tmp_path):
     c.poll(wait=True)
     d.insert([9] * 8, req_id="r2")
     c.poll(wait=True)
-    c.node(1).data[0].lock_ref += 1  # the injected fault
+    c.node(1).data[0].refs[Tier.DEVICE] += 1  # the injected fault
     c.refresh_leaf(c.node(1))
     with pytest.raises(CacheOutOfMemory):
         c.alloc(16, req_id="big")

@@ -293,7 +293,7 @@ def _version(v: object) -> Callable[[Path], None]:
 STORE_CASES = {
     "schema version 1": (_version(1), "has schema version 1"),
     "schema version 2": (_version(2), "has schema version 2"),
-    "schema version 4": (_version(4), "has schema version 4"),
+    "schema version 5": (_version(5), "has schema version 5"),
     "schema version true": (_version(True), "has schema version True"),
     "recursive mutations view": (lambda p: sql(p, "DROP VIEW mutations; CREATE VIEW mutations "
                                                "AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "

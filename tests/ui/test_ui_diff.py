@@ -10,7 +10,9 @@ from radixscope.cache.snapshot import ComponentState, LockSnapshot, NodeSnapshot
 from radixscope.ui.shaping.diff import diff_snapshots
 from tests.kits.ui_snapshots import NONE, small_snapshot
 
-C = ComponentState
+
+def C(dev, host, lock, href) -> ComponentState:  # noqa: N802 - reads as a constructor
+    return ComponentState.on({"device": dev, "host": host}, {"device": lock, "host": href})
 
 
 def _after():

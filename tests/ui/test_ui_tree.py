@@ -100,12 +100,18 @@ def test_bad_input_names_the_value():
 
 
 def test_display_state_rules():
-    assert st_.display_state(ComponentState(4, None, 0, 0)) == "device"
-    assert st_.display_state(ComponentState(4, 4, 0, 0)) == "device+host"
-    assert st_.display_state(ComponentState(None, 4, 0, 0)) == "host-only"
-    assert st_.display_state(ComponentState(None, None, 0, 0)) == "tombstone"
-    assert st_.display_state(ComponentState(None, 4, 0, 2)) == "locked"
-    assert st_.display_state(ComponentState(4, 4, 1, 0), in_flight=True) == "in flight"
+    assert st_.display_state(
+        ComponentState.on({"device": 4, "host": None}, {"device": 0, "host": 0})) == "device"
+    assert st_.display_state(
+        ComponentState.on({"device": 4, "host": 4}, {"device": 0, "host": 0})) == "device+host"
+    assert st_.display_state(
+        ComponentState.on({"device": None, "host": 4}, {"device": 0, "host": 0})) == "host-only"
+    assert st_.display_state(
+        ComponentState.on({"device": None, "host": None}, {"device": 0, "host": 0})) == "tombstone"
+    assert st_.display_state(
+        ComponentState.on({"device": None, "host": 4}, {"device": 0, "host": 2})) == "locked"
+    assert st_.display_state(
+        ComponentState.on({"device": 4, "host": 4}, {"device": 1, "host": 0}), in_flight=True) == "in flight"
     with pytest.raises(ValueError, match="unknown display state 'hot'"):
         st_.color_of("hot")
     html = st_.legend_html(["device", "tombstone"])

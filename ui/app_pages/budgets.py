@@ -37,7 +37,7 @@ def budgets_body() -> None:
     if metrics.empty:
         st.info("No metric samples in this store yet.")
     else:
-        tiers = tuple(t for t in ("device", "host") if (metrics["tier"] == t).any())
+        tiers = bud.present_tiers(metrics)
         st.plotly_chart(bud.budget_figure(metrics, snap.components, tiers),
                         config={"displayModeBar": False})
         source = "journal replay" if exact else "store samples"

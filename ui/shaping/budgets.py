@@ -15,7 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from radixscope.cache.components import rules
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.cache.tiers import TIER_LABELS
 from radixscope.telemetry.store.journal import Journal
 
 STACK = ("available", "evictable", "protected", "in_flight", "held")
@@ -54,10 +56,21 @@ def budget_series(metrics: pd.DataFrame, component: str, tier: str) -> pd.DataFr
     return out.astype("int64")
 
 
+def present_tiers(metrics: pd.DataFrame) -> tuple[str, ...]:
+    """The tiers with samples in ``metrics`` (a ``tier`` column), in tier order."""
+    if "tier" not in metrics:
+        return ()
+    have = set(metrics["tier"].unique())
+    return tuple(t for t in TIER_LABELS if t in have)
+
+
 def budget_figure(metrics: pd.DataFrame, components: tuple[str, ...],
-                  tiers: tuple[str, ...] = ("device", "host"), height_per_row: int = 190
+                  tiers: tuple[str, ...] | None = None, height_per_row: int = 190
                   ) -> go.Figure:
-    """A grid (rows: components, columns: tiers) of stacked areas over seq."""
+    """A grid (rows: components, columns: tiers) of stacked areas over seq. ``tiers``
+    defaults to every tier with samples in ``metrics``, in tier order."""
+    if tiers is None:
+        tiers = present_tiers(metrics)
     fig = make_subplots(rows=len(components), cols=len(tiers), shared_xaxes=True,
                         subplot_titles=[f"{c} / {t}" for c in components for t in tiers],
                         vertical_spacing=0.08, horizontal_spacing=0.06)
@@ -117,7 +130,7 @@ def budget_table(snap: CacheSnapshot) -> pd.DataFrame:
     rows = []
     for p in snap.pools:
         used = p.capacity - p.available
-        rows.append((p.component, p.tier, "states" if p.component == "mamba" else "tokens",
+        rows.append((p.component, p.tier, rules(p.component).unit,
                      p.capacity, p.available, p.evictable, p.protected, p.in_flight, p.held,
                      round(100.0 * used / p.capacity, 1) if p.capacity else 0.0))
     return pd.DataFrame(rows, columns=["component", "tier", "unit", "capacity", "available",

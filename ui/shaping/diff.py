@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from radixscope.cache import events as ev
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.cache.tiers import TIER_LABELS
 
 ADDED, REMOVED, RESIZED, REFS = "added", "removed", "resized", "refs"
 
@@ -65,10 +65,8 @@ def diff_snapshots(before: CacheSnapshot, after: CacheSnapshot) -> SnapshotDiff:
         for comp, ca, cb in zip(before.components, na.components, nb.components, strict=True):
             if ca == cb:
                 continue
-            for tier, la, lb, ra, rb in ((ev.TIER_DEVICE, ca.device_len, cb.device_len,
-                                          ca.lock_ref, cb.lock_ref),
-                                         (ev.TIER_HOST, ca.host_len, cb.host_len,
-                                          ca.host_ref, cb.host_ref)):
+            for tier, la, lb, ra, rb in zip(TIER_LABELS, ca.lens, cb.lens, ca.refs, cb.refs,
+                                            strict=True):
                 kind = _change(la, lb, ra, rb)
                 if kind:
                     changes.append((i, comp, tier, kind, _n(la), _n(lb), ra, rb))

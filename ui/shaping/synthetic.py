@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 from radixscope.cache.snapshot import (
+    EMPTY_STATE,
     CacheSnapshot,
     ComponentState,
     LockSnapshot,
@@ -18,8 +19,10 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
+from radixscope.cache.tiers import DEVICE, HOST
 
-_EMPTY = ComponentState(None, None, 0, 0)
+_EMPTY = EMPTY_STATE
+_POOL_TIERS = (DEVICE.label, HOST.label)  # the tiers a synthetic tree fills
 
 
 def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa", "mamba"),
@@ -108,7 +111,7 @@ def _interned():
         key = (dev, host, lock, href)
         c = seen.get(key)
         if c is None:
-            c = seen[key] = ComponentState(dev, host, lock, href)
+            c = seen[key] = ComponentState.on({DEVICE: dev, HOST: host}, {DEVICE: lock, HOST: href})
         return c
 
     return make
@@ -141,14 +144,14 @@ def _shape(n_nodes: int, rng: random.Random) -> list[int]:
 def _pools(nodes: list[NodeSnapshot], components: tuple[str, ...]) -> list[PoolSnapshot]:
     out = []
     for ci, c in enumerate(components):
-        for tier in ("device", "host"):
+        for tier in _POOL_TIERS:
             ev = pr = 0
             for n in nodes[1:]:
                 cs = n.components[ci]
-                length = cs.device_len if tier == "device" else cs.host_len
+                length = cs.length(tier)
                 if length is None:
                     continue
-                ref = cs.lock_ref if tier == "device" else cs.host_ref
+                ref = cs.ref(tier)
                 if ref > 0:
                     pr += length
                 else:

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixscope.cache import events as ev
-from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.cache.snapshot import EMPTY_STATE, CacheSnapshot
+from radixscope.cache.tiers import TIER_LABELS
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ class KeyHistory:
         self._tree: dict[int, list] = {n.node_id: [n.parent_id, n.extra_key, n.tokens]
                                        for n in start.nodes}
         self._state: dict[tuple[int, str], tuple] = {
-            (n.node_id, c): (s.device_len, s.host_len)
+            (n.node_id, c): s.lens
             for n in start.nodes for c, s in zip(start.components, n.components, strict=True)}
-        self._full_held: dict[int, tuple] = {}  # node -> last FULL (device, host) with a value
+        self._full_held: dict[int, tuple] = {}  # node -> last FULL lens (per tier) with a value
         self.dropped: dict[tuple[int, str, str], list[Event]] = {}
         self.born: dict[int, tuple[str, Event]] = {}
         self.deletions: list[Deletion] = []
@@ -71,12 +72,12 @@ class KeyHistory:
     def _apply(self, m: tuple) -> None:
         seq, op_id, kind, node, comp, _tier, value = m
         if kind == ev.COMP_STATE:
-            old = self._state.get((node, comp), (None, None))
-            new = (value[0], value[1])
-            for i, tier in enumerate((ev.TIER_DEVICE, ev.TIER_HOST)):
-                if old[i] is not None and new[i] is None:
+            old = self._state.get((node, comp), EMPTY_STATE.lens)
+            new = tuple(value[0])
+            for tier, was, now in zip(TIER_LABELS, old, new, strict=True):
+                if was is not None and now is None:
                     self.dropped.setdefault((node, comp, tier), []).append(Event(seq, op_id))
-            if comp == self.components[0] and (old[0] is not None or old[1] is not None):
+            if comp == self.components[0] and any(x is not None for x in old):
                 self._full_held[node] = old
             self._state[(node, comp)] = new
         elif kind == ev.NODE_CREATE:
@@ -103,8 +104,10 @@ class KeyHistory:
         span = self._on_key(node)
         if span is not None:
             last = self._full_held.get(node, self._state.get((node, self.components[0]),
-                                                             (None, None)))
-            tier = ev.TIER_DEVICE if last[0] is not None else ev.TIER_HOST
+                                                             EMPTY_STATE.lens))
+            # the fastest tier that held it
+            tier = next((lbl for lbl, n in zip(TIER_LABELS, last, strict=True) if n is not None),
+                        ev.TIER_HOST)
             self.deletions.append(Deletion(seq, op_id, node, span[0], span[1], tier, cause))
         del self._tree[node]
 

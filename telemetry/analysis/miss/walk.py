@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixscope.cache.snapshot import CacheSnapshot, ComponentState, NodeSnapshot
+from radixscope.cache.components import rules
+from radixscope.cache.snapshot import EMPTY_STATE, CacheSnapshot, ComponentState, NodeSnapshot
 
 STOP_KEY_END = "key_end"        # the whole key matched
 STOP_NO_CHILD = "no_child"      # no child starts with the key's next page
@@ -109,8 +110,8 @@ def state_of(tree: SnapTree, step: Step, comp: str) -> ComponentState:
     have after the match splits it (MAMBA state stays with the lower part)."""
     ci = tree.snap.components.index(comp)
     s = tree.by_id[step.node_id].components[ci]
-    if step.partial and comp == "mamba":
-        return ComponentState(None, None, 0, 0)
+    if step.partial and rules(comp).boundary_state:  # the state stays with the lower part
+        return EMPTY_STATE
     return s
 
 
@@ -119,21 +120,11 @@ def judge(tree: SnapTree, steps: tuple[Step, ...], window: int, host_ok: bool
     """Per component, whether each step is a valid match end (the components' validators)."""
     out: dict[str, list[bool]] = {}
     for comp in tree.snap.components:
-        oks = []
-        run = float("inf")
+        held = []
         for st in steps:
             s = state_of(tree, st, comp)
-            has = s.device_len is not None or (host_ok and s.host_len is not None)
-            if comp == "swa":
-                if has:
-                    run += st.k
-                    oks.append(run >= window)
-                else:
-                    run = 0
-                    oks.append(False)
-            else:
-                oks.append(has)
-        out[comp] = oks
+            held.append((s.device_len is not None or (host_ok and s.host_len is not None), st.k))
+        out[comp] = rules(comp).valid_prefix(held, window=window)
     return out
 
 

@@ -9,13 +9,14 @@ rejects the deepest FULL node, on the device tier and on device-or-host.
 
 from __future__ import annotations
 
+from radixscope.cache.events import TIER_DEVICE, TIER_HOST
 from radixscope.telemetry.analysis.miss import walk as st
 from radixscope.telemetry.analysis.miss.history import Event, KeyHistory
 
 _P, _NS, _EV, _SWA, _MB, _NC = ("page_alignment", "namespace_mismatch", "evicted",
                                 "swa_tombstone", "no_mamba_state", "not_cached")
 _SWP = "swa_pressure"  # SWA window tombstoned under SWA pressure, FULL still resident
-DEVICE, HOST = "device", "host"
+DEVICE, HOST = TIER_DEVICE, TIER_HOST  # the tier labels records use
 
 
 class Why:

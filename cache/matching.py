@@ -1,0 +1,111 @@
+"""Matching: ``match_prefix`` and its copy-on-write of a MAMBA state. A mixin of
+``HiRadixCache``: methods over the cache's tree, components and transfers."""
+
+from __future__ import annotations
+
+import torch
+
+from radixscope.cache import events as ev
+from radixscope.cache.keys import check_namespace, normalize_key
+from radixscope.cache.results import MatchResult
+from radixscope.cache.state import CacheCore
+from radixscope.cache.tiers import DEVICE, HOST
+from radixscope.cache.tree import Node
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class Matching(CacheCore):
+    """``match_prefix``: the longest cached prefix, per tier and component."""
+
+    def match_prefix(self, key, *, extra_key=None, cow_mamba: bool = False,
+                     req_id: str | None = None) -> MatchResult:
+        """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
+
+        Returns a frozen ``MatchResult`` (see its docstring for every field). What it returns is
+        readable: a load-back still in flight over the returned device prefix is made visible
+        first (CPU: its pending copy runs now; CUDA: the current stream waits on its event); the
+        load-back is still acked by ``poll``.
+        Mutates: splits the node where the match ends inside it (new node ids); recency and hit
+        counts of ``best_match_node`` and its ancestors; with ``cow_mamba``, when no load-back is
+        needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
+        (evicting if needed) and copies the state there; when a load-back is needed the copy
+        comes from ``load_back(match, cow_mamba=True)``, from the anchor's state.
+        Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
+        """
+        tokens = normalize_key(key, self.page_size)
+        check_namespace(extra_key)
+        return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
+
+    def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
+        tree = self.tree
+        root = tree.root
+        # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
+        # so each sees every node of the path top-down
+        aux = self.comps[1:]
+        dev_v = [c.validator(False) for c in aux]
+        any_v = [c.validator(True) for c in aux]
+        path: list[Node] = []
+        last_dev = best = -1
+        full_len = 0
+        node, off, n = root, 0, len(tokens)
+        descend = tree.descend
+        while off < n:
+            step = descend(node, tokens, off, extra_key)
+            if step is None:
+                break
+            child, k = step
+            if k < len(child.key):
+                child = self.split(child, k)
+            path.append(child)
+            off += k
+            fv = child.data[0].values
+            f_dev = fv[DEVICE] is not None
+            f_any = f_dev or fv[HOST] is not None  # resident, or loadable back from host
+            d_ok, a_ok = f_dev, f_any
+            if aux:
+                d_ok = all([v(child) for v in dev_v]) and d_ok
+                a_ok = all([v(child) for v in any_v]) and a_ok
+            if d_ok:
+                last_dev = len(path) - 1
+            if a_ok:
+                best = len(path) - 1
+            if not f_any:
+                break
+            full_len = off
+            node = child
+        matched = full_len
+        dev_nodes = path[:last_dev + 1]
+        dev_len = sum(len(x.key) for x in dev_nodes)
+        idx = torch.cat([x.data[0].values[DEVICE] for x in dev_nodes]) if dev_nodes else _EMPTY
+        if self.loading:
+            self._make_ready_nodes(dev_nodes)  # readable on return, CoW source included
+        best_node = path[best] if best >= 0 else tree.root
+        up = path[:best + 1][::-1]
+        hits = {c.name: c.host_hit_length(up) for c in self.comps}
+        mamba_slot = None
+        if best >= 0:
+            self.touch(best_node)
+        if cow and "mamba" in self.ci and last_dev >= 0 and last_dev == best:
+            mamba_slot = self._cow_mamba(path[last_dev])  # else load_back(cow_mamba=True)
+        return MatchResult(
+            device_indices=idx, device_prefix_len=dev_len,
+            last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
+            last_host_node=best_node.id, best_match_node=best_node.id,
+            host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
+            mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
+            extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
+
+    def _cow_mamba(self, node: Node) -> torch.Tensor | None:
+        ci = self.ci["mamba"]
+        src = node.data[ci].values[DEVICE]
+        if src is None:
+            return None
+        rid = self.acquire(node, DEVICE, {0: self.tree.path_to_root(node), ci: [node]}, "cow")
+        try:
+            slot = self._alloc(ci, 1)
+        finally:
+            self.release(self.locks[rid])
+        pool = self.device_pools[ci]
+        pool.write(slot, pool.read(src))
+        return slot

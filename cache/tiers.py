@@ -1,0 +1,56 @@
+"""The memory tiers, as data: one enum, and the only place that knows how many there are.
+
+``Tier`` indexes every per-tier list in the cache (a component's values and refs on a node, the
+evictable / protected ledgers, the evictable-leaf sets and heaps, the recency lists, the pools).
+Records name a tier by its ``label`` (``"device"``, ``"host"``, ``"storage"``). STORAGE (L3)
+exists and is empty: it has no pool yet, so nothing is ever stored there.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Tier(IntEnum):
+    DEVICE = 0   # GPU memory (CPU without one): L1
+    HOST = 1     # pinned host memory: L2
+    STORAGE = 2  # L3 storage backends: no pool yet
+
+    @property
+    def label(self) -> str:
+        """The name records, snapshots and the store use for this tier."""
+        return _LABELS[self]
+
+    @property
+    def ref_name(self) -> str:
+        """What a pin on this tier is called (``lock_ref`` on DEVICE, ``host_ref`` on HOST)."""
+        return _REF_NAMES[self]
+
+    @classmethod
+    def of(cls, label: str) -> Tier:
+        """The tier a record names; ValueError naming the label and the known ones."""
+        t = _BY_LABEL.get(label)
+        if t is None:
+            raise ValueError(f"tier={label!r}: must be one of {TIER_LABELS}")
+        return t
+
+
+TIERS: tuple[Tier, ...] = tuple(Tier)
+N_TIERS = len(TIERS)
+_LABELS = {t: t.name.lower() for t in TIERS}
+_REF_NAMES = {t: ("lock" if t == 0 else t.name.lower()) + "_ref" for t in TIERS}
+TIER_LABELS: tuple[str, ...] = tuple(_LABELS[t] for t in TIERS)
+_BY_LABEL = {lbl: t for t, lbl in _LABELS.items()}
+
+# module-level names for the hot paths (a global load, not an enum attribute lookup)
+DEVICE = Tier.DEVICE
+HOST = Tier.HOST
+STORAGE = Tier.STORAGE
+
+
+def per_tier(value: object = 0) -> list:
+    """A fresh list with one ``value`` per tier (immutable values only)."""
+    return [value] * N_TIERS
+
+
+__all__ = ["DEVICE", "HOST", "N_TIERS", "STORAGE", "TIERS", "TIER_LABELS", "Tier", "per_tier"]
