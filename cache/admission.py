@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixscope.cache.components import BACKBONE, WINDOW
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.results import MatchResult
 from radixscope.cache.tiers import DEVICE
@@ -96,9 +97,9 @@ def admission(core, match: MatchResult, extend_len: int, chunk_tokens: int | Non
         ci = comp.index
         own = sum(comp.size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
                   if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
-        if comp.name == "full":
+        if comp.name == BACKBONE:
             load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
-        elif comp.name == "swa":
+        elif comp.name == WINDOW:
             load, pre, unit = ceil_paged(match.swa_host_hit_length, page), ceil_paged(chunk, page), "tokens"
         else:
             load, pre, unit = match.mamba_host_hit_length, 0 if match.mamba_slot is not None else 1, "states"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.tiers import DEVICE
 
 
@@ -90,9 +91,9 @@ def check_insert_slots(cache, tokens: tuple[int, ...], extra_key, idx: torch.Ten
     if swa is not None:
         lo = min(max(swa_ev, prev), n)
         if n > lo:
-            cache.device_pools[cache.ci["swa"]].alloc.check_request_held(swa[lo:n], "swa_indices")
+            cache.device_pools[cache.ci[WINDOW]].alloc.check_request_held(swa[lo:n], "swa_indices")
     if mamba_slot is not None:
-        cache.device_pools[cache.ci["mamba"]].alloc.check_request_held(mamba_slot, "mamba_slot")
+        cache.device_pools[cache.ci[STATE]].alloc.check_request_held(mamba_slot, "mamba_slot")
 
 
 __all__ = ["check_handle", "check_insert_slots", "check_poll_ids", "device_prefix_len"]

@@ -14,6 +14,7 @@ import torch
 from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
 from radixscope.cache import guards, invariants
+from radixscope.cache.components import BACKBONE, STATE
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
@@ -77,7 +78,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
 
     # ---- insert ---------------------------------------------------------------------------
     # ---- request-private slots -------------------------------------------------------------
-    def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
+    def alloc(self, num: int, *, component: str = BACKBONE, req_id: str | None = None
               ) -> torch.Tensor:
         """Device slots for a request: ``ceil_paged(num)`` KV slots (``num`` states for MAMBA),
         evicting as needed. Raises ``CacheOutOfMemory`` with the numbers when no room can be
@@ -100,7 +101,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         self.request_held[ci][DEVICE] += need
         return out
 
-    def free(self, indices: torch.Tensor, *, component: str = "full",
+    def free(self, indices: torch.Tensor, *, component: str = BACKBONE,
              req_id: str | None = None) -> int:
         """Return request-private device slots (whole pages). A double free, or slots a tree node
         owns (only request-held slots may be freed), raises ValueError naming the slots, before
@@ -111,7 +112,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         indices = indices.to("cpu", torch.int64) if indices.dtype == torch.int32 else indices
         alloc = self.device_pools[ci].alloc
         pages = alloc.check_free(indices)
-        if self.cow_pending and ci == self.ci.get("mamba"):
+        if self.cow_pending and ci == self.ci.get(STATE):
             busy = [s for s in indices.tolist() if s in self.cow_pending]
             if busy:
                 raise ValueError(f"mamba slots {busy} are still being written by load-back "
@@ -128,7 +129,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         return n
 
     # ---- eviction / transfers (methods in eviction.py, transfers.py) -----------------------
-    def evict(self, num_tokens: int, *, component: str = "full", req_id: str | None = None):
+    def evict(self, num_tokens: int, *, component: str = BACKBONE, req_id: str | None = None):
         """Free at least ``num_tokens`` device slots of ``component`` (LRU). Returns an
         ``EvictResult``. Backed-up leaves become host-only; unbacked ones are deleted (under
         write_back they are backed up first); childless tombstone ancestors are removed up to
@@ -137,7 +138,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         ci = self._ci_of(component)
         return self._run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
 
-    def evict_host(self, num_tokens: int, *, component: str = "full",
+    def evict_host(self, num_tokens: int, *, component: str = BACKBONE,
                    req_id: str | None = None):
         """Free at least ``num_tokens`` host slots of ``component`` (LRU over host-only leaves;
         auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
@@ -221,7 +222,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         """Plain frozen data of the whole cache at the current seq; read-only."""
         return invariants.live_snapshot(self)
 
-    def path_indices(self, node: int, *, component: str = "full", last: int | None = None
+    def path_indices(self, node: int, *, component: str = BACKBONE, last: int | None = None
                      ) -> torch.Tensor:
         """A component's device indices along the path root -> ``node`` (read-only).
 
@@ -251,10 +252,10 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
     def node_prefix_len(self, node: int) -> int:
         return self.tree.prefix_len(self.node(node))
 
-    def available(self, component: str = "full", tier: str = "device") -> int:
+    def available(self, component: str = BACKBONE, tier: str = "device") -> int:
         return self.pool(self._ci_of(component), self._tier_of(tier)).alloc.available
 
-    def evictable_slots(self, component: str = "full", tier: str = "device") -> int:
+    def evictable_slots(self, component: str = BACKBONE, tier: str = "device") -> int:
         """Slots of ``component`` on ``tier`` held by unlocked tree values (what eviction can
         free): an ``alloc`` of at most ``available() + evictable_slots()`` does not run out of
         memory."""
