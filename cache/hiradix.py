@@ -11,15 +11,16 @@ import itertools
 
 import torch
 
-from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
-from radixscope.cache import guards, invariants
+from radixscope.cache.admission import Admitting
 from radixscope.cache.components import BACKBONE, STATE
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
 from radixscope.cache.eviction import Eviction
+from radixscope.cache.guards import Guards
 from radixscope.cache.insertion import Insertion
+from radixscope.cache.invariants import Invariants
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.locks import Locks
 from radixscope.cache.matching import Matching
@@ -39,7 +40,8 @@ _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
+class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, Guards, Admitting, Invariants,
+                   CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -166,7 +168,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         nothing changed when the slots cannot be found."""
         if not isinstance(match, MatchResult):
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
-        guards.check_handle(self, match, "MatchResult")
+        self._check_handle(match, "MatchResult")
         anchor = self.node(match.best_match_node)
         return self._run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
                          bool(cow_mamba))
@@ -178,22 +180,22 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         before anything is acked. Each ack is recorded as a ``transfer`` op linked to the op
         that enqueued it."""
         if transfer_ids is not None:
-            transfer_ids = guards.check_poll_ids(self, transfer_ids)
+            transfer_ids = self._check_poll_ids(transfer_ids)
         return [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see
         ``radixscope.cache.admission.Admission``. ``fits`` is the decision. Read-only."""
         if isinstance(match, MatchResult):
-            guards.check_handle(self, match, "MatchResult")
-        return _admission.admission(self, match, extend_len, chunk_tokens)
+            self._check_handle(match, "MatchResult")
+        return self._admission_budget(match, extend_len, chunk_tokens)
 
     # ---- observation (no recency change, no records) ---------------------------------------
     def check(self) -> None:
         """Raise ``InvariantViolation`` listing every broken invariant; read-only. A violation
         is also handed to ``error_hook`` (a crash bundle) before it propagates."""
         try:
-            invariants.check(self)
+            self._check_invariants()
         except InvariantViolation as e:
             self._after_error(ev.OP_CHECK, e)
             raise
@@ -203,7 +205,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         never raises for a violation and never calls ``error_hook`` (for observers such as
         crash-bundle writers)."""
         try:
-            invariants.check(self)
+            self._check_invariants()
         except InvariantViolation as e:
             return list(e.violations)
         return []
@@ -220,7 +222,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
 
     def snapshot(self) -> CacheSnapshot:
         """Plain frozen data of the whole cache at the current seq; read-only."""
-        return invariants.live_snapshot(self)
+        return self._live_snapshot()
 
     def path_indices(self, node: int, *, component: str = BACKBONE, last: int | None = None
                      ) -> torch.Tensor:

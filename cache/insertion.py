@@ -9,7 +9,6 @@ import dataclasses
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import guards
 from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.keys import check_namespace, key_len, normalize_key
 from radixscope.cache.results import InsertResult, TransferId
@@ -63,8 +62,8 @@ class Insertion(CacheCore):
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
                              f"(page_size={self.page_size})")
-        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
-                                  prev_prefix_len, swa_evicted_len)
+        self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
+                                 prev_prefix_len, swa_evicted_len)
         n = len(tokens)
         out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key,
                         idx[:n], None if swa is None else swa[:n], mamba_slot,
