@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixscope.cache.components import BACKBONE, WINDOW
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.results import MatchResult
 from radixscope.cache.tiers import DEVICE
@@ -79,31 +80,37 @@ class Admission:
                     "protected": c.protected, "own_pinned": c.own_pinned} for c in self.components}}
 
 
-def admission(core, match: MatchResult, extend_len: int, chunk_tokens: int | None) -> Admission:
-    if not isinstance(match, MatchResult):
-        raise TypeError(f"admission takes a MatchResult, got {type(match).__name__}")
-    if isinstance(extend_len, bool) or not isinstance(extend_len, int) or extend_len < 0:
-        raise ValueError(f"extend_len={extend_len!r} must be an int >= 0")
-    if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
-                                     or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
-        raise ValueError(f"chunk_tokens={chunk_tokens!r} must be None or an int >= 1")
-    chunk = extend_len if chunk_tokens is None else min(extend_len, chunk_tokens)
-    anchor = core.node(match.best_match_node)
-    pins, _ = core.lock_pins(anchor)
-    page = core.page_size
-    out = []
-    for comp in core.comps:
-        ci = comp.index
-        own = sum(comp.size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
-                  if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
-        if comp.name == "full":
-            load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
-        elif comp.name == "swa":
-            load, pre, unit = ceil_paged(match.swa_host_hit_length, page), ceil_paged(chunk, page), "tokens"
-        else:
-            load, pre, unit = match.mamba_host_hit_length, 0 if match.mamba_slot is not None else 1, "states"
-        alloc = core.device_pools[ci].alloc
-        out.append(ComponentNeed(comp.name, unit, alloc.capacity, alloc.available,
-                                 core.evictable[ci][DEVICE], core.protected[ci][DEVICE], own,
-                                 load, pre))
-    return Admission(all(c.fits for c in out), extend_len, chunk, tuple(out))
+class Admitting:
+    """The admission budget, as a method of the cache (mixed into ``HiRadixCache``)."""
+
+    def _admission_budget(self, match: MatchResult, extend_len: int, chunk_tokens: int | None) -> Admission:
+        if not isinstance(match, MatchResult):
+            raise TypeError(f"admission takes a MatchResult, got {type(match).__name__}")
+        if isinstance(extend_len, bool) or not isinstance(extend_len, int) or extend_len < 0:
+            raise ValueError(f"extend_len={extend_len!r} must be an int >= 0")
+        if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
+                                         or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+            raise ValueError(f"chunk_tokens={chunk_tokens!r} must be None or an int >= 1")
+        chunk = extend_len if chunk_tokens is None else min(extend_len, chunk_tokens)
+        anchor = self.node(match.best_match_node)
+        pins, _ = self.lock_pins(anchor)
+        page = self.page_size
+        out = []
+        for comp in self.comps:
+            ci = comp.index
+            own = sum(comp.size(n.data[ci].values[DEVICE]) for n in pins.get(ci, ())
+                      if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
+            if comp.name == BACKBONE:
+                load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
+            elif comp.name == WINDOW:
+                load, pre, unit = ceil_paged(match.swa_host_hit_length, page), ceil_paged(chunk, page), "tokens"
+            else:
+                load, pre, unit = match.mamba_host_hit_length, 0 if match.mamba_slot is not None else 1, "states"
+            alloc = self.device_pools[ci].alloc
+            out.append(ComponentNeed(comp.name, unit, alloc.capacity, alloc.available,
+                                     self.evictable[ci][DEVICE], self.protected[ci][DEVICE], own,
+                                     load, pre))
+        return Admission(all(c.fits for c in out), extend_len, chunk, tuple(out))
+
+
+__all__ = ["Admission", "Admitting", "ComponentNeed"]

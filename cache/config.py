@@ -240,3 +240,6 @@ PRESETS: dict[str, dict] = {
                    mamba_slots=64, mamba_host_slots=256, mamba_state_shape=(4, 16),
                    mamba_max_states_per_path=8),
 }
+# the preset a components list (as the CLI's --components names it) stands for
+PRESET_OF_COMPONENTS: dict[tuple[str, ...], str] = {p["components"]: name
+                                                   for name, p in PRESETS.items()}

@@ -15,6 +15,7 @@ component's host copies.
 
 from __future__ import annotations
 
+from radixscope.cache.components import STATE
 from radixscope.cache.results import EvictResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, HOST
@@ -177,7 +178,7 @@ class Eviction(CacheCore):
         cap = self.config.mamba_max_states_per_path
         if cap is None:
             return
-        mi = self.ci["mamba"]
+        mi = self.ci[STATE]
         holders = [n for n in self.tree.path_to_root(tail) if n.data[mi].values[DEVICE] is not None]
         excess = len(holders) - cap
         for node in reversed(holders):  # shallowest first

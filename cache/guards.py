@@ -10,15 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.tiers import DEVICE
-
-
-def check_handle(cache, handle, what: str) -> None:
-    """A result handle must come from this cache (``cache_instance``)."""
-    inst = getattr(handle, "cache_instance", None)
-    if inst != cache.instance:
-        raise ValueError(f"{what} {_describe(handle)} belongs to another cache instance "
-                         f"({inst}), not to this one ({cache.instance})")
 
 
 def _describe(handle) -> str:
@@ -28,71 +21,79 @@ def _describe(handle) -> str:
     return repr(handle)
 
 
-def check_poll_ids(cache, transfer_ids) -> list[int]:
-    """Transfer ids ``poll`` may ack: ints issued by this cache, in flight, each named once."""
-    try:
-        ids = list(transfer_ids)
-    except TypeError:
-        raise TypeError(f"transfer_ids must be an iterable of transfer ids or None, got "
-                        f"{transfer_ids!r}") from None
-    seen: set[int] = set()
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TypeError(f"transfer id {t!r} must be an int (a TransferId)")
-        inst = getattr(t, "cache_instance", cache.instance)
-        if inst != cache.instance:
-            raise ValueError(f"transfer {int(t)} belongs to another cache instance ({inst}), "
-                             f"not to this one ({cache.instance})")
-        if t in seen:
-            raise ValueError(f"transfer {int(t)} appears more than once in one poll")
-        seen.add(t)
-        if t not in cache.transfers:
-            if 0 < t < cache._next_transfer:
-                raise ValueError(f"transfer {int(t)} was already acked")
-            raise ValueError(f"transfer {int(t)} is not in flight (never started)")
-    return [int(t) for t in ids]
+class Guards:
+    """The input guards, as methods of the cache (mixed into ``HiRadixCache``)."""
+
+    def _check_handle(self, handle, what: str) -> None:
+        """A result handle must come from this cache (``cache_instance``)."""
+        inst = getattr(handle, "cache_instance", None)
+        if inst != self.instance:
+            raise ValueError(f"{what} {_describe(handle)} belongs to another cache instance "
+                             f"({inst}), not to this one ({self.instance})")
+
+    def _check_poll_ids(self, transfer_ids) -> list[int]:
+        """Transfer ids ``poll`` may ack: ints issued by this cache, in flight, each named once."""
+        try:
+            ids = list(transfer_ids)
+        except TypeError:
+            raise TypeError(f"transfer_ids must be an iterable of transfer ids or None, got "
+                            f"{transfer_ids!r}") from None
+        seen: set[int] = set()
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise TypeError(f"transfer id {t!r} must be an int (a TransferId)")
+            inst = getattr(t, "cache_instance", self.instance)
+            if inst != self.instance:
+                raise ValueError(f"transfer {int(t)} belongs to another cache instance ({inst}), "
+                                 f"not to this one ({self.instance})")
+            if t in seen:
+                raise ValueError(f"transfer {int(t)} appears more than once in one poll")
+            seen.add(t)
+            if t not in self.transfers:
+                if 0 < t < self._next_transfer:
+                    raise ValueError(f"transfer {int(t)} was already acked")
+                raise ValueError(f"transfer {int(t)} is not in flight (never started)")
+        return [int(t) for t in ids]
+
+    def _device_prefix_len(self, tokens: tuple[int, ...], extra_key) -> int:
+        """Tokens of ``tokens`` the tree holds with FULL on device, from the root (read-only)."""
+        tree = self.tree
+        node, off, n = tree.root, 0, len(tokens)
+        while off < n:
+            step = tree.descend(node, tokens, off, extra_key)
+            if step is None:
+                break
+            child, k = step
+            if child.data[0].values[DEVICE] is None:
+                break
+            off += k
+            if k < len(child.key):
+                break
+            node = child
+        return off
+
+    def _check_insert_slots(self, tokens: tuple[int, ...], extra_key, idx: torch.Tensor,
+                           swa: torch.Tensor | None, mamba_slot: torch.Tensor | None, prev: int,
+                           swa_ev: int) -> None:
+        """The caller's slots for ``insert``: below ``prev`` the tree's own (the tree must hold that
+        much of the key on device, in those slots' pages); from ``prev`` on allocated, held by the
+        request (not by a node) and named once, per component."""
+        n = len(tokens)
+        if prev:
+            have = self._device_prefix_len(tokens, extra_key)
+            if prev > have:
+                raise ValueError(f"prev_prefix_len={prev} but the tree holds only {have} tokens of "
+                                 "this key on device")
+            self.device_pools[0].alloc.check_tree_owned(idx[:prev], "device_indices below "
+                                                         "prev_prefix_len")
+        if n > prev:
+            self.device_pools[0].alloc.check_request_held(idx[prev:n], "device_indices")
+        if swa is not None:
+            lo = min(max(swa_ev, prev), n)
+            if n > lo:
+                self.device_pools[self.ci[WINDOW]].alloc.check_request_held(swa[lo:n], "swa_indices")
+        if mamba_slot is not None:
+            self.device_pools[self.ci[STATE]].alloc.check_request_held(mamba_slot, "mamba_slot")
 
 
-def device_prefix_len(cache, tokens: tuple[int, ...], extra_key) -> int:
-    """Tokens of ``tokens`` the tree holds with FULL on device, from the root (read-only)."""
-    tree = cache.tree
-    node, off, n = tree.root, 0, len(tokens)
-    while off < n:
-        step = tree.descend(node, tokens, off, extra_key)
-        if step is None:
-            break
-        child, k = step
-        if child.data[0].values[DEVICE] is None:
-            break
-        off += k
-        if k < len(child.key):
-            break
-        node = child
-    return off
-
-
-def check_insert_slots(cache, tokens: tuple[int, ...], extra_key, idx: torch.Tensor,
-                       swa: torch.Tensor | None, mamba_slot: torch.Tensor | None, prev: int,
-                       swa_ev: int) -> None:
-    """The caller's slots for ``insert``: below ``prev`` the tree's own (the tree must hold that
-    much of the key on device, in those slots' pages); from ``prev`` on allocated, held by the
-    request (not by a node) and named once, per component."""
-    n = len(tokens)
-    if prev:
-        have = device_prefix_len(cache, tokens, extra_key)
-        if prev > have:
-            raise ValueError(f"prev_prefix_len={prev} but the tree holds only {have} tokens of "
-                             "this key on device")
-        cache.device_pools[0].alloc.check_tree_owned(idx[:prev], "device_indices below "
-                                                     "prev_prefix_len")
-    if n > prev:
-        cache.device_pools[0].alloc.check_request_held(idx[prev:n], "device_indices")
-    if swa is not None:
-        lo = min(max(swa_ev, prev), n)
-        if n > lo:
-            cache.device_pools[cache.ci["swa"]].alloc.check_request_held(swa[lo:n], "swa_indices")
-    if mamba_slot is not None:
-        cache.device_pools[cache.ci["mamba"]].alloc.check_request_held(mamba_slot, "mamba_slot")
-
-
-__all__ = ["check_handle", "check_insert_slots", "check_poll_ids", "device_prefix_len"]
+__all__ = ["Guards"]

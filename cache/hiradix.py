@@ -11,14 +11,16 @@ import itertools
 
 import torch
 
-from radixscope.cache import admission as _admission
 from radixscope.cache import events as ev
-from radixscope.cache import guards, invariants
+from radixscope.cache.admission import Admitting
+from radixscope.cache.components import BACKBONE, STATE
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import Recorder
 from radixscope.cache.eviction import Eviction
+from radixscope.cache.guards import Guards
 from radixscope.cache.insertion import Insertion
+from radixscope.cache.invariants import Invariants
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.locks import Locks
 from radixscope.cache.matching import Matching
@@ -38,7 +40,8 @@ _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
+class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, Guards, Admitting, Invariants,
+                   CacheCore):
     """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
@@ -77,7 +80,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
 
     # ---- insert ---------------------------------------------------------------------------
     # ---- request-private slots -------------------------------------------------------------
-    def alloc(self, num: int, *, component: str = "full", req_id: str | None = None
+    def alloc(self, num: int, *, component: str = BACKBONE, req_id: str | None = None
               ) -> torch.Tensor:
         """Device slots for a request: ``ceil_paged(num)`` KV slots (``num`` states for MAMBA),
         evicting as needed. Raises ``CacheOutOfMemory`` with the numbers when no room can be
@@ -100,7 +103,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         self.request_held[ci][DEVICE] += need
         return out
 
-    def free(self, indices: torch.Tensor, *, component: str = "full",
+    def free(self, indices: torch.Tensor, *, component: str = BACKBONE,
              req_id: str | None = None) -> int:
         """Return request-private device slots (whole pages). A double free, or slots a tree node
         owns (only request-held slots may be freed), raises ValueError naming the slots, before
@@ -111,7 +114,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         indices = indices.to("cpu", torch.int64) if indices.dtype == torch.int32 else indices
         alloc = self.device_pools[ci].alloc
         pages = alloc.check_free(indices)
-        if self.cow_pending and ci == self.ci.get("mamba"):
+        if self.cow_pending and ci == self.ci.get(STATE):
             busy = [s for s in indices.tolist() if s in self.cow_pending]
             if busy:
                 raise ValueError(f"mamba slots {busy} are still being written by load-back "
@@ -128,7 +131,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         return n
 
     # ---- eviction / transfers (methods in eviction.py, transfers.py) -----------------------
-    def evict(self, num_tokens: int, *, component: str = "full", req_id: str | None = None):
+    def evict(self, num_tokens: int, *, component: str = BACKBONE, req_id: str | None = None):
         """Free at least ``num_tokens`` device slots of ``component`` (LRU). Returns an
         ``EvictResult``. Backed-up leaves become host-only; unbacked ones are deleted (under
         write_back they are backed up first); childless tombstone ancestors are removed up to
@@ -137,7 +140,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         ci = self._ci_of(component)
         return self._run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
 
-    def evict_host(self, num_tokens: int, *, component: str = "full",
+    def evict_host(self, num_tokens: int, *, component: str = BACKBONE,
                    req_id: str | None = None):
         """Free at least ``num_tokens`` host slots of ``component`` (LRU over host-only leaves;
         auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
@@ -165,7 +168,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         nothing changed when the slots cannot be found."""
         if not isinstance(match, MatchResult):
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
-        guards.check_handle(self, match, "MatchResult")
+        self._check_handle(match, "MatchResult")
         anchor = self.node(match.best_match_node)
         return self._run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
                          bool(cow_mamba))
@@ -177,22 +180,22 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         before anything is acked. Each ack is recorded as a ``transfer`` op linked to the op
         that enqueued it."""
         if transfer_ids is not None:
-            transfer_ids = guards.check_poll_ids(self, transfer_ids)
+            transfer_ids = self._check_poll_ids(transfer_ids)
         return [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see
         ``radixscope.cache.admission.Admission``. ``fits`` is the decision. Read-only."""
         if isinstance(match, MatchResult):
-            guards.check_handle(self, match, "MatchResult")
-        return _admission.admission(self, match, extend_len, chunk_tokens)
+            self._check_handle(match, "MatchResult")
+        return self._admission_budget(match, extend_len, chunk_tokens)
 
     # ---- observation (no recency change, no records) ---------------------------------------
     def check(self) -> None:
         """Raise ``InvariantViolation`` listing every broken invariant; read-only. A violation
         is also handed to ``error_hook`` (a crash bundle) before it propagates."""
         try:
-            invariants.check(self)
+            self._check_invariants()
         except InvariantViolation as e:
             self._after_error(ev.OP_CHECK, e)
             raise
@@ -202,7 +205,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
         never raises for a violation and never calls ``error_hook`` (for observers such as
         crash-bundle writers)."""
         try:
-            invariants.check(self)
+            self._check_invariants()
         except InvariantViolation as e:
             return list(e.violations)
         return []
@@ -219,9 +222,9 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
 
     def snapshot(self) -> CacheSnapshot:
         """Plain frozen data of the whole cache at the current seq; read-only."""
-        return invariants.live_snapshot(self)
+        return self._live_snapshot()
 
-    def path_indices(self, node: int, *, component: str = "full", last: int | None = None
+    def path_indices(self, node: int, *, component: str = BACKBONE, last: int | None = None
                      ) -> torch.Tensor:
         """A component's device indices along the path root -> ``node`` (read-only).
 
@@ -251,10 +254,10 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, CacheCore):
     def node_prefix_len(self, node: int) -> int:
         return self.tree.prefix_len(self.node(node))
 
-    def available(self, component: str = "full", tier: str = "device") -> int:
+    def available(self, component: str = BACKBONE, tier: str = "device") -> int:
         return self.pool(self._ci_of(component), self._tier_of(tier)).alloc.available
 
-    def evictable_slots(self, component: str = "full", tier: str = "device") -> int:
+    def evictable_slots(self, component: str = BACKBONE, tier: str = "device") -> int:
         """Slots of ``component`` on ``tier`` held by unlocked tree values (what eviction can
         free): an ``alloc`` of at most ``available() + evictable_slots()`` does not run out of
         memory."""

@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import guards
+from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.keys import check_namespace, key_len, normalize_key
 from radixscope.cache.results import InsertResult, TransferId
 from radixscope.cache.state import CacheCore
@@ -46,15 +46,15 @@ class Insertion(CacheCore):
         check_namespace(extra_key)
         idx = self._check_indices(device_indices, raw_len, "device_indices", None)
         swa = None
-        if "swa" in self.ci:
+        if WINDOW in self.ci:
             if swa_indices is None:
-                raise ValueError("swa_indices is required when the 'swa' component is configured")
+                raise ValueError(f"swa_indices is required when the {WINDOW!r} component is configured")
             swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
         elif swa_indices is not None:
-            raise ValueError("swa_indices given but the 'swa' component is not configured")
+            raise ValueError(f"swa_indices given but the {WINDOW!r} component is not configured")
         if mamba_slot is not None:
-            if "mamba" not in self.ci:
-                raise ValueError("mamba_slot given but the 'mamba' component is not configured")
+            if STATE not in self.ci:
+                raise ValueError(f"mamba_slot given but the {STATE!r} component is not configured")
             mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", None)
         for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -62,8 +62,8 @@ class Insertion(CacheCore):
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
                              f"(page_size={self.page_size})")
-        guards.check_insert_slots(self, tokens, extra_key, idx, swa, mamba_slot,
-                                  prev_prefix_len, swa_evicted_len)
+        self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
+                                 prev_prefix_len, swa_evicted_len)
         n = len(tokens)
         out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key,
                         idx[:n], None if swa is None else swa[:n], mamba_slot,
@@ -76,7 +76,7 @@ class Insertion(CacheCore):
     def _insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
         """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache)."""
         tree = self.tree
-        si = self.ci.get("swa")
+        si = self.ci.get(WINDOW)
         root = tree.root
         node, off, n = root, 0, len(tokens)
         swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
@@ -109,7 +109,7 @@ class Insertion(CacheCore):
             node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, swa, si)
         mamba_exist = False
         if mamba_slot is not None and node.parent is not None:
-            mi = self.ci["mamba"]
+            mi = self.ci[STATE]
             if node.data[mi].values[DEVICE] is not None:
                 mamba_exist = True
                 self.free_slots(mi, DEVICE, mamba_slot)
@@ -117,11 +117,11 @@ class Insertion(CacheCore):
                 self.set_value(node, mi, DEVICE, mamba_slot.clone())
             self.request_held[mi][DEVICE] -= 1
         elif mamba_slot is not None:
-            self.free_slots(self.ci["mamba"], DEVICE, mamba_slot)
-            self.request_held[self.ci["mamba"]][DEVICE] -= 1
+            self.free_slots(self.ci[STATE], DEVICE, mamba_slot)
+            self.request_held[self.ci[STATE]][DEVICE] -= 1
         self.touch(node)
         backups = self._backup_after_insert(node) if node.parent is not None else ()
-        if "mamba" in self.ci and node.parent is not None:
+        if STATE in self.ci and node.parent is not None:
             self._enforce_mamba_cap(node)
         return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
 

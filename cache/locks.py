@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import WINDOW
 from radixscope.cache.results import LockReceipt
 from radixscope.cache.state import CacheCore, LockEntry
 from radixscope.cache.tiers import DEVICE
@@ -65,12 +66,12 @@ class Locks(CacheCore):
     def release_swa(self, receipt: LockReceipt, *, req_id: str | None = None) -> LockReceipt:
         """Release a lock's SWA window (and its lower-priority MAMBA pin) early, once decode has
         moved past the window. Returns a new receipt; ``unlock`` it later as usual."""
-        if "swa" not in self.ci:
-            raise ValueError("release_swa needs the 'swa' component")
+        if WINDOW not in self.ci:
+            raise ValueError(f"release_swa needs the {WINDOW!r} component")
         entry = self._entry_of(receipt)
         if receipt.swa_released:
             raise ValueError(f"receipt {receipt.receipt_id}: SWA window already released")
-        pri = self.comps[self.ci["swa"]].priority
+        pri = self.comps[self.ci[WINDOW]].priority
         cis = {c.index for c in self.comps if c.priority <= pri}
         self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
         return dataclasses.replace(receipt, swa_released=True)

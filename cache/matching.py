@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.keys import check_namespace, normalize_key
 from radixscope.cache.results import MatchResult
 from radixscope.cache.state import CacheCore
@@ -86,18 +87,18 @@ class Matching(CacheCore):
         mamba_slot = None
         if best >= 0:
             self.touch(best_node)
-        if cow and "mamba" in self.ci and last_dev >= 0 and last_dev == best:
+        if cow and STATE in self.ci and last_dev >= 0 and last_dev == best:
             mamba_slot = self._cow_mamba(path[last_dev])  # else load_back(cow_mamba=True)
         return MatchResult(
             device_indices=idx, device_prefix_len=dev_len,
             last_device_node=path[last_dev].id if last_dev >= 0 else tree.root.id,
             last_host_node=best_node.id, best_match_node=best_node.id,
-            host_hit_length=hits["full"], swa_host_hit_length=hits.get("swa", 0),
-            mamba_host_hit_length=hits.get("mamba", 0), matched_len=matched, key_len=n,
+            host_hit_length=hits[BACKBONE], swa_host_hit_length=hits.get(WINDOW, 0),
+            mamba_host_hit_length=hits.get(STATE, 0), matched_len=matched, key_len=n,
             extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
 
     def _cow_mamba(self, node: Node) -> torch.Tensor | None:
-        ci = self.ci["mamba"]
+        ci = self.ci[STATE]
         src = node.data[ci].values[DEVICE]
         if src is None:
             return None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.config import CacheConfig
 
 # a free-page list entry (a pointer plus an int object) and a bitmap byte per page
@@ -72,9 +73,9 @@ def _pages(config: CacheConfig) -> int:
     """Pages over all pools (each has a free-list entry and a bitmap byte)."""
     c, p = config, config.page_size
     n = (c.device_tokens + c.host_tokens) // p
-    if "swa" in c.components:
+    if WINDOW in c.components:
         n += (c.swa_device_tokens + c.swa_host_tokens) // p
-    if "mamba" in c.components:
+    if STATE in c.components:
         n += c.mamba_slots + c.mamba_host_slots
     return n
 

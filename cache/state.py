@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache.components import build_components
+from radixscope.cache.components import BACKBONE, WINDOW, build_components
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.cache.events import Recorder
@@ -84,12 +84,12 @@ class CacheCore(Recording):
         # pools[ci][tier]; None where a tier has no pool (STORAGE, until the storage tier)
         self.pools: list[list] = []
         for comp in self.comps:
-            if comp.name == "full":
+            if comp.name == BACKBONE:
                 dev = KVPool("full/device", c.layers, c.device_tokens, c.heads, c.head_dim,
                              c.dtype, c.device, c.page_size)
                 host = KVPool("full/host", c.layers, c.host_tokens, c.heads, c.head_dim,
                               c.dtype, "cpu", c.page_size, pin=cuda)
-            elif comp.name == "swa":
+            elif comp.name == WINDOW:
                 dev = KVPool("swa/device", c.swa_layers, c.swa_device_tokens, c.heads, c.head_dim,
                              c.dtype, c.device, c.page_size)
                 host = KVPool("swa/host", c.swa_layers, c.swa_host_tokens, c.heads, c.head_dim,

@@ -17,6 +17,7 @@ import time
 import torch
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.errors import StaleHandle
 from radixscope.cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
 from radixscope.cache.state import CacheCore
@@ -150,7 +151,7 @@ class Transfers(CacheCore):
         tree = self.tree
         path = tree.path_to_root(anchor)
         self._validate_anchor(anchor, path)
-        si, mi = self.ci.get("swa"), self.ci.get("mamba")
+        si, mi = self.ci.get(WINDOW), self.ci.get(STATE)
         plans: dict[int, list[Node]] = {}
         cut = None
         for comp in self.comps:
@@ -211,7 +212,7 @@ class Transfers(CacheCore):
             if mi not in slots:  # copying the device state: an earlier load-back may still write it
                 self._make_ready_nodes([anchor])
             src = state.values[HOST] if mi in slots else state.values[DEVICE]
-            copies.append(PoolCopy("mamba", ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
+            copies.append(PoolCopy(STATE, ev.TIER_HOST if mi in slots else ev.TIER_DEVICE,
                                    ev.TIER_DEVICE, src.clone(), cow_slot.clone()))
         dev_pins, _ = self.lock_pins(anchor)
         r1 = self.acquire(anchor, DEVICE, dev_pins, owner)
@@ -330,7 +331,7 @@ class Transfers(CacheCore):
         self._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
         attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
                  ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
-                 ev.A_TOKENS: dict(t.amounts()).get("full", 0), ev.A_FREED: dict(t.amounts()),
+                 ev.A_TOKENS: dict(t.amounts()).get(BACKBONE, 0), ev.A_FREED: dict(t.amounts()),
                  ev.A_NODES: len(t.node_ids)}
         self.end_transfer(tok, attrs, started or t.created_ns)
 

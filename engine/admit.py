@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from opentelemetry import trace
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.cache.keys import ceil_paged
 from radixscope.engine.lifecycle import Driver
@@ -79,9 +80,9 @@ class Admitter:
         load-back and first chunk, what is left must cover what the running requests (and this
         one) will still allocate, so admitted requests do not starve each other."""
         first = ceil_paged(min(seq.prompt_len - prefix, chunk), self.page)
-        mine = {"full": max(0, ceil_paged(seq.total_len, self.page) - prefix - first)}
+        mine = {BACKBONE: max(0, ceil_paged(seq.total_len, self.page) - prefix - first)}
         if self.swa:
-            mine["swa"] = max(0, self.driver.swa_peak(first >= seq.prompt_len - prefix) - first)
+            mine[WINDOW] = max(0, self.driver.swa_peak(first >= seq.prompt_len - prefix) - first)
         numbers, bad = {}, []
         for comp, own_future in mine.items():
             need = adm.component(comp)
@@ -126,7 +127,7 @@ class Admitter:
                     numbers["reason"] = why
             if reason.startswith("refused"):
                 if m.mamba_slot is not None:
-                    c.free(m.mamba_slot, component="mamba", req_id=rid)
+                    c.free(m.mamba_slot, component=STATE, req_id=rid)
                 if idle:
                     return self._reject(seq, reason, numbers)
                 return self._refuse(seq, reason, numbers)
@@ -157,7 +158,7 @@ class Admitter:
         if m.needs_load_back:
             cow = self.mamba
             if m.mamba_slot is not None:  # copied from last_device_node, above the anchor
-                c.free(m.mamba_slot, component="mamba", req_id=rid)
+                c.free(m.mamba_slot, component=STATE, req_id=rid)
             lb = c.load_back(m, cow_mamba=cow, req_id=rid)
             if lb.transfer_id is not None:
                 c.poll([lb.transfer_id], wait=True)
@@ -174,10 +175,10 @@ class Admitter:
         seq.seq_len = seq.cached_len = prefix
         seq.swa_evicted_len = 0
         seq.mamba_slot = slot
-        seq.host_hit = loaded.get("full", 0)
+        seq.host_hit = loaded.get(BACKBONE, 0)
         seq.device_hit = prefix - seq.host_hit
-        seq.swa_loaded = loaded.get("swa", 0)
-        seq.mamba_loaded = loaded.get("mamba", 0)
+        seq.swa_loaded = loaded.get(WINDOW, 0)
+        seq.mamba_loaded = loaded.get(STATE, 0)
         seq.mamba_device_hit = int(self.mamba and prefix > 0 and not seq.mamba_loaded)
 
     def _verify_prefix(self, seq: Sequence) -> None:
@@ -188,16 +189,16 @@ class Admitter:
         model, c = self.model, self.cache
         self.verified += 1
         self.verified_tokens += p
-        model.verify_kv(c, "full", seq.full[:p], seq.hashes[:p], 0, rid)
+        model.verify_kv(c, BACKBONE, seq.full[:p], seq.hashes[:p], 0, rid)
         if self.swa:
             want = min(self.window, p)
-            first, idx = window_indices(c, seq.anchor, "swa", want)
+            first, idx = window_indices(c, seq.anchor, WINDOW, want)
             if idx.numel() < want:
-                raise ContentMismatch(rid, "swa", first - 1, -1, "window slot (missing)")
-            model.verify_kv(c, "swa", idx, seq.hashes[first:p], first, rid)
+                raise ContentMismatch(rid, WINDOW, first - 1, -1, "window slot (missing)")
+            model.verify_kv(c, WINDOW, idx, seq.hashes[first:p], first, rid)
         if self.mamba:
             if seq.mamba_slot is None:
-                raise ContentMismatch(rid, "mamba", p - 1, -1, "state (no copy was made)")
+                raise ContentMismatch(rid, STATE, p - 1, -1, "state (no copy was made)")
             model.verify_state(c, seq.mamba_slot, seq.hashes[p - 1], p - 1, rid)
 
     def _refuse(self, seq: Sequence, reason: str, numbers: dict) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from opentelemetry import trace
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.cache.keys import ceil_paged
 from radixscope.engine.model import StandInModel
@@ -55,19 +56,19 @@ class Driver:
         self.chunk_tokens = chunk_tokens
         cfg = cache.config
         self.page = cfg.page_size
-        self.swa = "swa" in cfg.components
-        self.mamba = "mamba" in cfg.components
+        self.swa = WINDOW in cfg.components
+        self.mamba = STATE in cfg.components
         self.window = cfg.sliding_window
-        self._kv = ("full", "swa") if self.swa else ("full",)  # also the Sequence attributes
+        self._kv = (BACKBONE, WINDOW) if self.swa else (BACKBONE,)  # also the Sequence attributes
 
     def future(self, seq: Sequence) -> dict[str, int]:
         """Slots ``seq`` will still allocate per KV component (FULL: the rest of its prompt and
         output; SWA: up to its peak, since out-of-window slots are freed and checkpoints hand
         prefilled slots to the tree)."""
-        out = {"full": max(0, ceil_paged(seq.total_len, self.page) - seq.full.numel())}
+        out = {BACKBONE: max(0, ceil_paged(seq.total_len, self.page) - seq.full.numel())}
         if self.swa:
             owned = seq.swa.numel() - max(seq.cached_len, seq.swa_evicted_len)
-            out["swa"] = max(0, self.swa_peak(seq.phase == DECODE) - max(0, owned))
+            out[WINDOW] = max(0, self.swa_peak(seq.phase == DECODE) - max(0, owned))
         return out
 
     def swa_peak(self, decoding: bool) -> int:
@@ -87,15 +88,15 @@ class Driver:
         if self.swa:
             need = upto - seq.swa.numel()
             if need > 0:
-                seq.swa = torch.cat([seq.swa, c.alloc(need, component="swa", req_id=rid)])
+                seq.swa = torch.cat([seq.swa, c.alloc(need, component=WINDOW, req_id=rid)])
         if self.mamba and seq.mamba_slot is None:
-            seq.mamba_slot = c.alloc(1, component="mamba", req_id=rid)
+            seq.mamba_slot = c.alloc(1, component=STATE, req_id=rid)
 
     def _write(self, seq: Sequence, s: int, e: int) -> None:
         h = seq.hashes[s:e]
-        self.model.write_kv(self.cache, "full", seq.full[s:e], h)
+        self.model.write_kv(self.cache, BACKBONE, seq.full[s:e], h)
         if self.swa:
-            self.model.write_kv(self.cache, "swa", seq.swa[s:e], h)
+            self.model.write_kv(self.cache, WINDOW, seq.swa[s:e], h)
         if self.mamba:
             self.model.write_state(self.cache, seq.mamba_slot, seq.hashes[e - 1])
         seq.seq_len = e
@@ -166,9 +167,9 @@ class Driver:
         if not batch.rows:
             return
         h = torch.cat(batch.rows)
-        self.model.write_kv(self.cache, "full", torch.cat(batch.full), h)
+        self.model.write_kv(self.cache, BACKBONE, torch.cat(batch.full), h)
         if self.swa:
-            self.model.write_kv(self.cache, "swa", torch.cat(batch.swa), h)
+            self.model.write_kv(self.cache, WINDOW, torch.cat(batch.swa), h)
         if self.mamba:
             self.model.write_states(self.cache, torch.cat(batch.mamba), h)
         batch.clear()
@@ -182,14 +183,14 @@ class Driver:
         new_ev = max(0, seq.seq_len - self.window) // self.page * self.page
         lo = max(seq.swa_evicted_len, seq.cached_len)
         if new_ev > lo:
-            c.free(seq.swa[lo:new_ev], component="swa", req_id=seq.rid)
+            c.free(seq.swa[lo:new_ev], component=WINDOW, req_id=seq.rid)
             swa = seq.swa.clone()
             swa[lo:new_ev] = -1
             seq.swa = swa
         seq.swa_evicted_len = max(seq.swa_evicted_len, new_ev)
         r = seq.receipt
         if (r is not None and not r.swa_released and seq.seq_len - self.window + 1 >= seq.cached_len
-                and any(comp == "swa" and nodes for comp, nodes in r.pins)):
+                and any(comp == WINDOW and nodes for comp, nodes in r.pins)):
             seq.receipt = c.release_swa(r, req_id=seq.rid)
 
     def _insert(self, seq: Sequence, mamba_slot) -> object:
@@ -208,8 +209,8 @@ class Driver:
         if aligned <= seq.cached_len:
             return
         fork = None
-        if self.mamba and c.available("mamba") > 0:  # fork the state; skip when no free slot
-            fork = c.alloc(1, component="mamba", req_id=seq.rid)
+        if self.mamba and c.available(STATE) > 0:  # fork the state; skip when no free slot
+            fork = c.alloc(1, component=STATE, req_id=seq.rid)
             self.model.write_state(c, fork, seq.hashes[aligned - 1])
         res = self._insert(seq, fork)
         new = c.lock(res.last_node, owner=seq.rid, req_id=seq.rid)
@@ -237,15 +238,15 @@ class Driver:
         if slot is not None and 0 < aligned < seq.seq_len:
             self.model.write_state(c, slot, seq.hashes[aligned - 1])  # the page-boundary state
         if slot is not None and seq.seq_len == 0:
-            c.free(slot, component="mamba", req_id=rid)
+            c.free(slot, component=STATE, req_id=rid)
             slot = None
         self._insert(seq, slot)
         if seq.full.numel() > aligned:
-            c.free(seq.full[aligned:], component="full", req_id=rid)
+            c.free(seq.full[aligned:], component=BACKBONE, req_id=rid)
         if self.swa:
             lo = max(aligned, seq.swa_evicted_len, seq.cached_len)
             if seq.swa.numel() > lo:
-                c.free(seq.swa[lo:], component="swa", req_id=rid)
+                c.free(seq.swa[lo:], component=WINDOW, req_id=rid)
         if seq.receipt is not None:
             c.unlock(seq.receipt, req_id=rid)
         seq.receipt = None

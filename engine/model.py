@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.config import CacheConfig
 
 M1, P1 = 2_147_483_647, 1_000_003  # two 31-bit primes and bases: a 62-bit prefix hash
 M2, P2 = 2_147_483_629, 999_983
-_SALTS = {"full": 11, "swa": 23, "mamba": 37}
+_SALTS = {BACKBONE: 11, WINDOW: 23, STATE: 37}
 
 
 class ContentMismatch(RuntimeError):
@@ -89,15 +90,15 @@ class StandInModel:
         self.config = config
         self.dtype = config.dtype
         self.window = config.sliding_window
-        shapes: dict[str, tuple[int, int]] = {"full": (config.layers * 2,
+        shapes: dict[str, tuple[int, int]] = {BACKBONE: (config.layers * 2,
                                                        config.heads * config.head_dim)}
-        if "swa" in config.components:
-            shapes["swa"] = (config.swa_layers * 2, config.heads * config.head_dim)
-        if "mamba" in config.components:
+        if WINDOW in config.components:
+            shapes[WINDOW] = (config.swa_layers * 2, config.heads * config.head_dim)
+        if STATE in config.components:
             size = 1
             for d in config.mamba_state_shape:
                 size *= d
-            shapes["mamba"] = (1, size)
+            shapes[STATE] = (1, size)
         self._consts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for comp, (rows, cols) in shapes.items():
             g = torch.Generator().manual_seed(_SALTS[comp])
@@ -123,7 +124,7 @@ class StandInModel:
 
     def state(self, hash_row: torch.Tensor) -> torch.Tensor:
         """MAMBA state after the prefix whose hash pair is ``hash_row`` (``[1, *state_shape]``)."""
-        return self.values("mamba", hash_row.view(1, 2)).view(1, *self.config.mamba_state_shape)
+        return self.values(STATE, hash_row.view(1, 2)).view(1, *self.config.mamba_state_shape)
 
     @staticmethod
     def _view(cache, comp: str) -> torch.Tensor:
@@ -137,12 +138,12 @@ class StandInModel:
             view.index_copy_(1, idx.to(view.device), self.values(comp, hashes).to(view.device))
 
     def write_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor) -> None:
-        cache.device_pools[cache.ci["mamba"]].write(slot, self.state(hash_row))
+        cache.device_pools[cache.ci[STATE]].write(slot, self.state(hash_row))
 
     def write_states(self, cache, slots: torch.Tensor, hashes: torch.Tensor) -> None:
         """One state per slot: ``slots[i]`` gets the state after the prefix ``hashes[i]``."""
-        states = self.values("mamba", hashes).view(-1, *self.config.mamba_state_shape)
-        cache.device_pools[cache.ci["mamba"]].write(slots, states)
+        states = self.values(STATE, hashes).view(-1, *self.config.mamba_state_shape)
+        cache.device_pools[cache.ci[STATE]].write(slots, states)
 
     # ---- verification ----------------------------------------------------------------------
     def verify_kv(self, cache, comp: str, idx: torch.Tensor, hashes: torch.Tensor,
@@ -163,9 +164,9 @@ class StandInModel:
     def verify_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor, position: int,
                      req_id: str) -> None:
         """Raise ``ContentMismatch`` unless MAMBA ``slot`` holds the state after ``position``."""
-        got = cache.device_pools[cache.ci["mamba"]].read(slot).cpu()
+        got = cache.device_pools[cache.ci[STATE]].read(slot).cpu()
         if not torch.equal(got, self.state(hash_row)):
-            raise ContentMismatch(req_id, "mamba", position, int(slot[0]), "state")
+            raise ContentMismatch(req_id, STATE, position, int(slot[0]), "state")
 
 
 __all__ = ["StandInModel", "ContentMismatch", "prefix_hashes", "namespace_salt"]

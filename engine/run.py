@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from radixscope.cache.config import PRESETS, CacheConfig
+from radixscope.cache.components import NAMES
+from radixscope.cache.config import PRESET_OF_COMPONENTS, PRESETS, CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.hiradix import HiRadixCache
 from radixscope.cache.memory import check_fits
@@ -28,8 +29,6 @@ from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCac
 from radixscope.engine.model import ContentMismatch
 
 Hook = Callable[[Engine], None]
-PRESET_OF_COMPONENTS = {("full",): "full", ("full", "swa"): "swa", ("full", "mamba"): "mamba",
-                        ("full", "swa", "mamba"): "hybrid"}
 SIZE_FIELDS = ("page_size", "device_tokens", "host_tokens", "swa_device_tokens",
                "swa_host_tokens", "mamba_slots", "mamba_host_slots")
 
@@ -84,7 +83,7 @@ class RunSpec:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise ValueError(f"{k}={v!r} must be an int >= 0")
                 comp = k.split("_")[0]
-                if comp in ("swa", "mamba") and comp not in PRESETS[name]["components"]:
+                if comp in NAMES and comp not in PRESETS[name]["components"]:
                     raise ValueError(f"{k}={v} is for the {comp!r} component, which preset "
                                      f"{name!r} does not have")
                 over[k] = v

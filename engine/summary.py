@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW, rules
 from radixscope.engine.run import RunResult
 
 
@@ -83,9 +84,9 @@ def _pctl(values: list[int], q: float) -> float:
 def hit_rates(result: RunResult) -> tuple[HitRate, ...]:
     seqs = result.engine.done
     comps = result.config.components
-    out = [HitRate("full", "tokens", sum(s.prompt_len for s in seqs),
+    out = [HitRate(BACKBONE, rules(BACKBONE).unit, sum(s.prompt_len for s in seqs),
                    sum(s.device_hit for s in seqs), sum(s.host_hit for s in seqs))]
-    if "swa" in comps:
+    if WINDOW in comps:
         w = result.config.sliding_window
         look = dev = host = 0
         for s in seqs:
@@ -94,9 +95,9 @@ def hit_rates(result: RunResult) -> tuple[HitRate, ...]:
             loaded = min(win, s.swa_loaded)
             host += loaded
             dev += win - loaded
-        out.append(HitRate("swa", "tokens", look, dev, host))
-    if "mamba" in comps:
-        out.append(HitRate("mamba", "states", len(seqs), sum(s.mamba_device_hit for s in seqs),
+        out.append(HitRate(WINDOW, rules(WINDOW).unit, look, dev, host))
+    if STATE in comps:
+        out.append(HitRate(STATE, rules(STATE).unit, len(seqs), sum(s.mamba_device_hit for s in seqs),
                            sum(1 for s in seqs if s.mamba_loaded)))
     return tuple(out)
 
@@ -138,7 +139,7 @@ def format_summary(s: Summary) -> str:
     for h in s.hits:
         lines.append(f"               {h.component:<9}{h.looked_up:>10,} {h.unit:<6}"
                      f"{h.pct(h.device):>6.1f}%{h.pct(h.host):>11.1f}%{h.pct(h.miss):>11.1f}%")
-    ev_parts = [f"{c}/{t} {n:,} ({slots:,} {'states' if c == 'mamba' else 'tokens'})"
+    ev_parts = [f"{c}/{t} {n:,} ({slots:,} {rules(c).unit})"
                 for c, t, n, slots in s.evictions if n]
     lines.append("  evictions    " + (", ".join(ev_parts) if ev_parts else "none"))
     for kind, label, count in (("backup", "backups", s.backups),

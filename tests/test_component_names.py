@@ -2,9 +2,7 @@
 in ``cache/components/`` and where configuration names them (``CacheConfig`` fields and
 presets, CLI flags). Elsewhere code asks the component (``components.rules(name)``,
 ``Component.valid_prefix`` / ``unit`` / ``is_backbone`` / ``tombstone_meaning``).
-
-``PENDING`` is a ratchet for the modules not yet moved over: their count of literals may only
-go down (lower the number when you remove one); any other module must have none."""
+Roles are asked for by name: ``components.BACKBONE`` / ``WINDOW`` / ``STATE``."""
 
 from __future__ import annotations
 
@@ -15,16 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cache", "telemetry", "ui", "engine")
 LITERAL = re.compile(r"""["'](full|swa|mamba)["']""")
 ALLOWED = ("cache/components/", "cache/config.py", "engine/cli.py")
-# module -> literals still there (only ever lowered)
-PENDING = {
-    "cache/admission.py": 2, "cache/eviction.py": 1, "cache/guards.py": 2, "cache/hiradix.py": 8,
-    "cache/insertion.py": 10, "cache/locks.py": 3, "cache/matching.py": 5, "cache/memory.py": 2,
-    "cache/state.py": 2, "cache/storage/results.py": 1, "cache/transfers.py": 4,
-    "engine/admit.py": 12, "engine/lifecycle.py": 20, "engine/model.py": 14, "engine/run.py": 13,
-    "engine/summary.py": 6, "telemetry/analysis/miss/why.py": 22,
-    "telemetry/kvevents/blocks.py": 3, "telemetry/kvevents/ingest.py": 3,
-    "telemetry/sinks/metrics.py": 4, "ui/shaping/synthetic.py": 9,
-}
 # the readers the issue names: they ask the component and must stay free of literals
 ASKS_THE_COMPONENT = ("telemetry/analysis/miss/walk.py", "telemetry/analysis/doctor.py",
                       "ui/shaping/budgets.py", "ui/shaping/tree.py", "ui/shaping/states.py")
@@ -44,9 +32,9 @@ def _counts() -> dict[str, int]:
 
 
 def test_no_component_name_literal_outside_components_and_config():
-    grown = {m: (n, PENDING.get(m, 0)) for m, n in _counts().items() if n > PENDING.get(m, 0)}
-    assert not grown, ("component-name literals outside cache/components/ (module: (found, "
-                       f"allowed)); ask the component instead: {grown}")
+    found = _counts()
+    assert not found, ("component-name literals outside cache/components/ and config (module: "
+                       f"count); ask the component instead: {found}")
 
 
 def test_the_named_readers_ask_the_component():

@@ -14,6 +14,24 @@ REGISTRY: dict[str, type[Component]] = {
 }
 
 
+def _the(flag: str) -> str:
+    (name,) = [n for n, c in REGISTRY.items() if getattr(c, flag)]
+    return name
+
+
+# the roles code outside this package asks for by name (never by spelling the name out)
+BACKBONE: str = _the("is_backbone")    # every node's data implies this one's (FULL)
+WINDOW: str = _the("has_window")       # the sliding-window component (SWA)
+STATE: str = _the("boundary_state")    # the recurrent state at a node's end (MAMBA)
+NAMES: tuple[str, ...] = tuple(REGISTRY)  # every component, backbone first
+KV_SPEC_KINDS: dict[str, str] = {n: c.kv_spec_kind for n, c in REGISTRY.items() if c.kv_spec_kind}
+
+
+def backbone_name() -> str:
+    """The backbone component's name (the default of every per-component cache call)."""
+    return BACKBONE
+
+
 def rules(name: str) -> type[Component]:
     """The class whose rules a component named in a snapshot or store follows (a name this
     build does not know, e.g. from another engine's KV events, follows the base rules)."""
@@ -24,4 +42,5 @@ def build_components(config) -> list[Component]:
     return [REGISTRY[name](i, config) for i, name in enumerate(config.components)]
 
 
-__all__ = ["Component", "REGISTRY", "build_components", "rules"]
+__all__ = ["BACKBONE", "Component", "KV_SPEC_KINDS", "NAMES", "REGISTRY", "STATE", "WINDOW",
+           "backbone_name", "build_components", "rules"]

@@ -29,6 +29,8 @@ class Component:
     unit: str = "tokens"         # what one slot of its pools holds
     is_backbone: bool = False    # FULL: auxiliary data on a node implies FULL data there
     tombstone_meaning: str = "no data on any tier"  # what a node without its data means
+    has_window: bool = False     # SWA: a match end needs an unbroken window behind it
+    kv_spec_kind: str | None = None  # the KV-cache spec kind other engines' events name it by
 
     def __init__(self, index: int, config) -> None:
         self.index = index

@@ -13,6 +13,7 @@ class FullComponent(Component):
     uses_lru = False
     display_name = "FULL"
     is_backbone = True
+    kv_spec_kind = "full_attention"
     tombstone_meaning = "a dead node: FULL holds no data on any tier (an invariant violation)"
 
     def lock_pins(self, path: list[Node]) -> list[Node]:

@@ -21,6 +21,8 @@ class SwaComponent(Component):
     name = "swa"
     priority = 1
     display_name = "SWA"
+    has_window = True
+    kv_spec_kind = "sliding_window"
     tombstone_meaning = ("its sliding-window KV was dropped (SWA pressure, or outside every live "
                          "window) while FULL stays; an insert heals it")
 

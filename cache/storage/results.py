@@ -14,17 +14,21 @@ from dataclasses import dataclass
 
 
 class PageStatus(str, enum.Enum):
-    """Outcome for one page of a batch call."""
+    """Outcome for one page of a batch call; each value is its member's name in lowercase."""
 
-    OK = "ok"                  # stored / read / deleted
-    EXISTS = "exists"          # set: already stored (SET NX semantics); counts as stored
-    MISS = "miss"              # get/delete: not in the store
-    CORRUPT = "corrupt"        # get: short, torn, wrong header or checksum -> treated as a miss
-    MISMATCH = "mismatch"      # get: header names another key/fingerprint -> treated as a miss
-    BUSY = "busy"              # delete: held by a reader's lease (Mooncake); retry later
-    FULL = "full"              # set: no room (page larger than the cap, or eviction failed)
-    TIMEOUT = "timeout"        # the backend did not answer in time
-    ERROR = "error"            # the backend failed (connection refused, I/O error...)
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
+    OK = enum.auto()        # stored / read / deleted
+    EXISTS = enum.auto()    # set: already stored (SET NX semantics); counts as stored
+    MISS = enum.auto()      # get/delete: not in the store
+    CORRUPT = enum.auto()   # get: short, torn, wrong header or checksum -> treated as a miss
+    MISMATCH = enum.auto()  # get: header names another key/fingerprint -> treated as a miss
+    BUSY = enum.auto()      # delete: held by a reader's lease (Mooncake); retry later
+    FULL = enum.auto()      # set: no room (page larger than the cap, or eviction failed)
+    TIMEOUT = enum.auto()   # the backend did not answer in time
+    ERROR = enum.auto()     # the backend failed (connection refused, I/O error...)
 
     @property
     def ok(self) -> bool:

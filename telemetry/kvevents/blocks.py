@@ -22,12 +22,13 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from radixscope.cache.components import KV_SPEC_KINDS, rules
 from radixscope.cache.tiers import TIER_LABELS
 
 TIER_MEDIA: dict[str, str] = {"device": "GPU", "host": "CPU"}
 _TIER_SLOT = {lbl: i for i, lbl in enumerate(TIER_LABELS)}  # a tier's index in comp.state
 STORAGE_MEDIUM = "DISK"
-SPEC_KINDS: dict[str, str] = {"full": "full_attention", "swa": "sliding_window"}
+SPEC_KINDS: dict[str, str] = KV_SPEC_KINDS  # component -> the spec kind its events carry
 NONE_HASH = b"radixscope-none-hash"
 MASK64 = (1 << 64) - 1
 
@@ -53,7 +54,7 @@ def groups_for(components: Iterable[str], sliding_window: int | None = None) -> 
     for c in components:
         kind = SPEC_KINDS.get(c)
         if kind is not None:
-            out.append(Group(len(out), c, kind, sliding_window if c == "swa" else None))
+            out.append(Group(len(out), c, kind, sliding_window if rules(c).has_window else None))
     return out
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
+from radixscope.cache.components import BACKBONE, KV_SPEC_KINDS
 from radixscope.cache.tiers import Tier, per_tier
 from radixscope.telemetry.kvevents.wire import Cleared, Decoded, Removed, Stored
 
 MEDIUM_TIERS = {"GPU": "device", "CPU": "host", "CPU_PINNED": "host"}
 _SLOT = {lbl: Tier.of(lbl) for lbl in dict.fromkeys(MEDIUM_TIERS.values())}
-GROUP_COMPONENTS = {"full_attention": "full", "sliding_window": "swa"}
+GROUP_COMPONENTS = {kind: name for name, kind in KV_SPEC_KINDS.items()}
 
 
 class Resident(NamedTuple):
@@ -51,7 +52,7 @@ class EngineTree:
 
     MAX_GROUPS = 8
 
-    def __init__(self, components: tuple[str, ...] = ("full",)) -> None:
+    def __init__(self, components: tuple[str, ...] = (BACKBONE,)) -> None:
         self.components = list(components)
         self.block_size: int | None = None
         self.resident: dict[tuple[str, int], dict[int, Resident]] = {}

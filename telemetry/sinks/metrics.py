@@ -19,12 +19,13 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.telemetry import names as n
 from radixscope.telemetry.record.encode import CompactOp
 from radixscope.telemetry.store.journal import Journal
 
-_HITS = ((ev.A_DEVICE_TOKENS, "full", ev.TIER_DEVICE), (ev.A_HOST_TOKENS, "full", ev.TIER_HOST),
-         (ev.A_SWA_HOST_TOKENS, "swa", ev.TIER_HOST), (ev.A_MAMBA_HOST, "mamba", ev.TIER_HOST))
+_HITS = ((ev.A_DEVICE_TOKENS, BACKBONE, ev.TIER_DEVICE), (ev.A_HOST_TOKENS, BACKBONE, ev.TIER_HOST),
+         (ev.A_SWA_HOST_TOKENS, WINDOW, ev.TIER_HOST), (ev.A_MAMBA_HOST, STATE, ev.TIER_HOST))
 BACKUP_KINDS = ("backup", "write_back", "write_through")
 LOAD_BACK_KINDS = ("load_back", "load")
 

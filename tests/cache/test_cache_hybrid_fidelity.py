@@ -177,6 +177,7 @@ def test_check_reports_an_swa_value_longer_than_one_window():
 
 
 def test_ui_draws_an_swa_tombstone_with_full_kept_and_explains_it():
+    from radixscope.cache.components import rules
     from radixscope.ui.shaping import states as st_
     from radixscope.ui.shaping.inspect import state_notes
     from radixscope.ui.shaping.tree import state_summary, tree_model
@@ -190,7 +191,7 @@ def test_ui_draws_an_swa_tombstone_with_full_kept_and_explains_it():
     assert model.frame.loc[2, "state_full"] == st_.DEVICE
     summary = state_summary(model, "swa")
     assert summary[["state", "nodes", "tokens"]].values.tolist() == [[st_.FULL_KEPT, 2, 20]]
-    assert state_notes(model, 2) == [f"swa: {st_.FULL_KEPT} - {st_.MEANING[st_.FULL_KEPT]}"]
+    assert state_notes(model, 2) == [f"swa: {st_.FULL_KEPT} - {rules('swa').tombstone_meaning}"]
 
 
 def test_doctor_counts_swa_tombstones_with_full_kept():

@@ -7,6 +7,7 @@ import networkx as nx
 import pandas as pd
 
 from radixscope.cache import events as ev
+from radixscope.cache.components import rules
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.ui.shaping import states as st_
 from radixscope.ui.shaping.tree import ROOT_ID, TreeModel
@@ -53,12 +54,15 @@ def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
 
 def state_notes(model: TreeModel, node_id: int) -> list[str]:
     """One plain sentence per component whose display state needs words (``FULL kept``
-    tombstones, host-only data): ``"swa: tombstone, FULL kept - ..."``."""
+    tombstones, host-only data): ``"swa: tombstone, FULL kept - ..."``. A kept tombstone is
+    explained by the component itself (``Component.tombstone_meaning``)."""
     r = model.frame.loc[node_id]
     out = []
     for c in model.components:
         s = str(r[f"state_{c}"])
-        if s in (st_.FULL_KEPT, st_.HOST_ONLY):
+        if s == st_.FULL_KEPT:
+            out.append(f"{c}: {s} - {rules(c).tombstone_meaning}")
+        elif s == st_.HOST_ONLY:
             out.append(f"{c}: {s} - {st_.MEANING[s]}")
     return out
 

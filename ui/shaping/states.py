@@ -7,6 +7,7 @@ component has not been acked) and *locked* (a device lock or a host reference pi
 
 from __future__ import annotations
 
+from radixscope.cache.components import BACKBONE, rules
 from radixscope.cache.snapshot import (
     STATE_BOTH,
     STATE_DEVICE,
@@ -19,7 +20,8 @@ DEVICE = "device"
 BOTH = "device+host"
 HOST_ONLY = "host-only"
 TOMBSTONE = "tombstone"
-FULL_KEPT = "tombstone, FULL kept"  # auxiliary data dropped (SWA/MAMBA pressure), FULL on device
+# auxiliary data dropped (its own pressure, or outside the window) while the backbone stays on device
+FULL_KEPT = f"tombstone, {rules(BACKBONE).display_name} kept"
 LOCKED = "locked"
 IN_FLIGHT = "in flight"
 ROOT = "root"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.snapshot import (
     EMPTY_STATE,
     CacheSnapshot,
@@ -25,7 +26,7 @@ _EMPTY = EMPTY_STATE
 _POOL_TIERS = (DEVICE.label, HOST.label)  # the tiers a synthetic tree fills
 
 
-def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa", "mamba"),
+def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = (BACKBONE, WINDOW, STATE),
                        seed: int = 0, max_tokens: int = 64, n_locks: int = 8) -> CacheSnapshot:
     """A consistent-looking ``CacheSnapshot`` with ``n_nodes`` nodes (root included).
 
@@ -43,8 +44,8 @@ def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa
         raise ValueError(f"n_nodes={n_nodes!r}: must be an int >= 1")
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens!r}: must be >= 1")
-    if not components or components[0] != "full":
-        raise ValueError(f"components={components!r}: must start with 'full'")
+    if not components or components[0] != BACKBONE:
+        raise ValueError(f"components={components!r}: must start with {BACKBONE!r}")
     rng = random.Random(seed)
     parent = _shape(n_nodes, rng)
     full_dev = [True]
@@ -69,7 +70,7 @@ def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa
             cur = parent[cur]
         locked.update(path)
         lock_rows.append(LockSnapshot(r + 1, f"req-{r + 1}", anchor, "device",
-                                      (("full", tuple(path)),)))
+                                      ((BACKBONE, tuple(path)),)))
     lock_count = {i: sum(1 for lk in lock_rows if i in lk.pins[0][1]) for i in locked}
     nodes = [NodeSnapshot(0, None, None, (), 0, 0, tuple(_EMPTY for _ in components))]
     rnd = rng.random
@@ -79,10 +80,10 @@ def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa
         k = (1 + int(rnd() * max_tokens)) * (8 if parent[i] == 0 else 1)
         comps = []
         for c in components:
-            if c == "full":
+            if c == BACKBONE:
                 comps.append(cs(k if full_dev[i] else None, k if full_host[i] else None,
                                 lock_count.get(i, 0), 0))
-            elif c == "swa":
+            elif c == WINDOW:
                 live = full_dev[i] and (n_kids[i] == 0 or rng.random() < 0.3)
                 comps.append(cs(k if live else None, k if live and full_host[i] else None, 0, 0))
             else:
@@ -97,7 +98,7 @@ def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = ("full", "swa
         leaf = max(i for i in range(1, n_nodes) if full_dev[i] and full_host[i]) \
             if any(full_dev[i] and full_host[i] for i in range(1, n_nodes)) else 1
         transfers = (TransferSnapshot(1, "backup", leaf, "host", (leaf,),
-                                      (("full", len(nodes[leaf].tokens)),)),)
+                                      ((BACKBONE, len(nodes[leaf].tokens)),)),)
     pools = tuple(_pools(nodes, components))
     return CacheSnapshot(seq=n_nodes * 4, page_size=1, components=components, nodes=tuple(nodes),
                          pools=pools, locks=tuple(lock_rows), transfers=transfers)

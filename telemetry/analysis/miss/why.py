@@ -9,6 +9,7 @@ rejects the deepest FULL node, on the device tier and on device-or-host.
 
 from __future__ import annotations
 
+from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.events import TIER_DEVICE, TIER_HOST
 from radixscope.telemetry.analysis.miss import walk as st
 from radixscope.telemetry.analysis.miss.history import Event, KeyHistory
@@ -30,8 +31,8 @@ class Why:
         self.any = st.judge(tree, self.steps, window, host_ok=True)
         self.comb_dev = st.deepest(self.dev)
         self.comb_host = st.deepest(self.any)
-        self.full_dev = st.deepest(self.dev, ("full",))
-        self.full_host = st.deepest(self.any, ("full",))
+        self.full_dev = st.deepest(self.dev, (BACKBONE,))
+        self.full_host = st.deepest(self.any, (BACKBONE,))
 
     def length(self, i: int) -> int:
         return self.steps[i].end if i >= 0 else 0
@@ -59,7 +60,7 @@ class Why:
     def _page_tail(self, out: list[dict]) -> None:
         tail = self.raw_len - len(self.key)
         if 0 < tail < self.tree.page:
-            out.append(_r(_P, "full", HOST, None, None, None,
+            out.append(_r(_P, BACKBONE, HOST, None, None, None,
                           f"the key's last {tail} token(s) do not fill a page "
                           f"(page_size {self.tree.page}) and are never matched",
                           lost_tokens=tail, page_size=self.tree.page))
@@ -73,7 +74,7 @@ class Why:
             lost = w.common if w.stop == st.STOP_SUB_PAGE else w.common - self.steps[-1].k
             if lost > 0:
                 found = True
-                out.append(_r(_P, "full", HOST, node, None, None,
+                out.append(_r(_P, BACKBONE, HOST, node, None, None,
                               f"the key shares {lost} more token(s) with node {node} after "
                               f"token {pos}, less than a page (page_size {page}): a match "
                               "keeps whole pages only", lost_tokens=lost, at=pos, page_size=page))
@@ -82,20 +83,20 @@ class Why:
             found = True
             cause = "" if d.cause == d.node else f", cascading from the eviction of node {d.cause}"
             where = "from device (it had no host copy)" if d.tier == DEVICE else "from host"
-            out.append(_r(_EV, "full", HOST, d.node, d.seq, d.op_id,
+            out.append(_r(_EV, BACKBONE, HOST, d.node, d.seq, d.op_id,
                           f"node {d.node} (key tokens [{d.start}, {d.end})) was evicted {where} "
                           f"at seq {d.seq} by {self._op(d.op_id)}{cause}",
                           start=d.start, end=d.end, last_tier=d.tier, cause_node=d.cause))
         other, length = self._best_other_namespace(pos)
         if other is not None:
             found = True
-            out.append(_r(_NS, "full", HOST, None, None, None,
+            out.append(_r(_NS, BACKBONE, HOST, None, None, None,
                           f"namespace {other!r} holds {length} tokens of this key; the request "
                           f"matched in {_ns(self.ns)}, which holds {pos}",
                           namespace=other, other_tokens=length, tokens=pos))
         if not found:
             since = self.hist.start_seq if self.hist is not None else self.tree.snap.seq
-            out.append(_r(_NC, "full", HOST, None, None, None,
+            out.append(_r(_NC, BACKBONE, HOST, None, None, None,
                           f"no node in {_ns(self.ns)} held the key past token {pos} "
                           f"(journal searched from seq {since})", at=pos, since_seq=since))
 
@@ -106,7 +107,7 @@ class Why:
                 continue
             w = self.tree.walk(self.key, other)
             oks = st.judge(self.tree, w.steps, self.window, host_ok=True)
-            i = st.deepest(oks, ("full",))
+            i = st.deepest(oks, (BACKBONE,))
             n = w.steps[i].end if i >= 0 else 0
             if n > best_len:
                 best, best_len = other, n
@@ -114,10 +115,10 @@ class Why:
 
     def _full_host_only(self, out: list[dict]) -> None:
         s = self.steps[self.full_dev + 1]
-        e = self._drop(s.node_id, "full", (DEVICE,))
+        e = self._drop(s.node_id, BACKBONE, (DEVICE,))
         when = (f" at seq {e.seq} by {self._op(e.op_id)}" if e else
                 " before the recorded window")
-        out.append(_r(_EV, "full", DEVICE, s.node_id, e and e.seq, e and e.op_id,
+        out.append(_r(_EV, BACKBONE, DEVICE, s.node_id, e and e.seq, e and e.op_id,
                       f"node {s.node_id} (key tokens [{s.start}, {s.end})) was evicted from "
                       f"device to host{when}; a load-back can restore it",
                       start=s.start, end=s.end))
@@ -128,9 +129,9 @@ class Why:
         for comp in self.tree.snap.components[1:]:
             if oks[comp][i]:
                 continue
-            if comp == "swa":
+            if comp == WINDOW:
                 self._swa(out, i, host_ok)
-            elif comp == "mamba":
+            elif comp == STATE:
                 self._mamba(out, i, host_ok)
 
     def _fallback(self, host_ok: bool) -> str:
@@ -141,19 +142,19 @@ class Why:
     def _swa(self, out: list[dict], i: int, host_ok: bool) -> None:
         z = None
         for j in range(i, -1, -1):
-            s = st.state_of(self.tree, self.steps[j], "swa")
+            s = st.state_of(self.tree, self.steps[j], WINDOW)
             if not (s.device_len is not None or (host_ok and s.host_len is not None)):
                 z = j
                 break
         if z is None:
             return
         zs, end = self.steps[z], self.length(i)
-        s = st.state_of(self.tree, zs, "swa")
+        s = st.state_of(self.tree, zs, WINDOW)
         gone = s.device_len is None and s.host_len is None
-        e = self._drop(zs.node_id, "swa", (DEVICE, HOST) if gone else (DEVICE,))
+        e = self._drop(zs.node_id, WINDOW, (DEVICE, HOST) if gone else (DEVICE,))
         what = "a tombstone" if gone else "on host only"
-        if gone and e is not None and st.state_of(self.tree, zs, "full").device_len is not None:
-            out.append(_r(_SWP, "swa", HOST, zs.node_id, e.seq, e.op_id,
+        if gone and e is not None and st.state_of(self.tree, zs, BACKBONE).device_len is not None:
+            out.append(_r(_SWP, WINDOW, HOST, zs.node_id, e.seq, e.op_id,
                           f"the SWA window of {self.window} tokens behind token {end} (node "
                           f"{self.steps[i].node_id}) crosses node {zs.node_id} (key tokens "
                           f"[{zs.start}, {zs.end})), whose SWA window was tombstoned under SWA "
@@ -162,7 +163,7 @@ class Why:
                           f"{self._fallback(host_ok)}",
                           window=self.window, end=end, run=end - zs.end))
             return
-        out.append(_r(_SWA if gone else _EV, "swa", HOST if gone else DEVICE, zs.node_id,
+        out.append(_r(_SWA if gone else _EV, WINDOW, HOST if gone else DEVICE, zs.node_id,
                       e and e.seq, e and e.op_id,
                       f"the SWA window of {self.window} tokens behind token {end} (node "
                       f"{self.steps[i].node_id}) crosses node {zs.node_id} (key tokens "
@@ -174,17 +175,17 @@ class Why:
     def _mamba(self, out: list[dict], i: int, host_ok: bool) -> None:
         s_ = self.steps[i]
         if s_.partial:
-            out.append(_r(_MB, "mamba", HOST, s_.node_id, None, None,
+            out.append(_r(_MB, STATE, HOST, s_.node_id, None, None,
                           f"the match would end inside node {s_.node_id} (after {s_.k} of its "
                           f"{s_.node_len} tokens, at token {s_.end}): a split leaves no MAMBA "
                           f"state at the boundary; {self._fallback(host_ok)}",
                           end=s_.end, split_at=s_.k))
             return
-        s = st.state_of(self.tree, s_, "mamba")
+        s = st.state_of(self.tree, s_, STATE)
         gone = s.device_len is None and s.host_len is None
-        e = self._drop(s_.node_id, "mamba", (DEVICE, HOST) if gone else (DEVICE,))
+        e = self._drop(s_.node_id, STATE, (DEVICE, HOST) if gone else (DEVICE,))
         what = "no MAMBA state" if gone else "its MAMBA state on host only"
-        out.append(_r(_MB if gone else _EV, "mamba", HOST if gone else DEVICE, s_.node_id,
+        out.append(_r(_MB if gone else _EV, STATE, HOST if gone else DEVICE, s_.node_id,
                       e and e.seq, e and e.op_id,
                       f"node {s_.node_id} (ending at token {s_.end}) has {what}"
                       f"{self._since(e, s_.node_id)}; {self._fallback(host_ok)}", end=s_.end))
