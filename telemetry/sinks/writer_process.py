@@ -13,11 +13,13 @@ run did not close telemetry (``info["closed"]["clean"]`` false).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import pickle
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -76,6 +78,22 @@ def main_from_fds(data_fd: int, ack_fd: int) -> None:
     except EOFError:
         return
     writer_main(conn, acks, first[0][1])
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End the writer interpreter without tearing down its objects. ``writer_main`` has
+    returned: the sinks are closed (store committed and its connection closed, exporters shut
+    down) and the host has its acknowledgement, but the host waits for this process to exit,
+    and a normal interpreter exit frees the journal replica node by node (0.6 s at 30 k nodes,
+    about 2 s at 100 k: most of ``close()``). Only the standard streams and logging are
+    flushed."""
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def writer_main(conn: Connection, acks: Connection, spec: WriterSpec) -> None:
