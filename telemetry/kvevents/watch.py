@@ -28,6 +28,7 @@ from radixscope.telemetry.store.writer import StoreWriter
 
 MAX_FRAME_BYTES = 64 << 20
 REPLAY_TIMEOUT_S = 2.0
+MAX_REPLAY_MESSAGES = 100_000  # kept from one replay reply at most
 IDLE_REPLAY_S = 1.0  # quiet this long with a replay socket: ask it for anything missed
 
 
@@ -120,7 +121,10 @@ class Watcher:
         if len(frames) != 3 or len(frames[1]) != 8:
             counts["bad_frames"] += 1
             return
-        seq = int.from_bytes(frames[1], "big")
+        seq = int.from_bytes(frames[1], "big", signed=True)  # as replay replies decode it
+        if seq < 0:
+            counts["bad_frames"] += 1
+            return
         if self.expected is not None and seq < self.expected:
             counts["duplicate_or_restart"] += 1
             if seq != 0:
@@ -144,35 +148,36 @@ class Watcher:
 
     def _fill(self, start: int, until: int) -> None:
         """Fetch ``start .. until-1`` from the replay socket; record what is still missing."""
-        got: dict[int, bytes] = {}
-        if self.replay:
-            got = self._request_replay(start, until)
-        for s in range(start, until):
-            if s in got:
-                self._apply(s, got[s])
-                self.tree.counts["replayed"] += 1
-            else:
-                self._missed(s)
-        self._gap_event(start)
+        got = self._request_replay(start, until) if self.replay else {}
+        self._apply_replayed(start, got, until)
 
     def _catch_up(self) -> None:
         """Apply whatever the replay socket holds past the last seq seen (none seen: from 0)."""
         start = self.expected if self.expected is not None else 0
-        got = self._request_replay(start, 1 << 62)
+        self._apply_replayed(start, self._request_replay(start, 1 << 62), None)
+
+    def _apply_replayed(self, start: int, got: dict[int, bytes], until: int | None) -> None:
+        """Apply replayed messages in seq order; each run of seqs neither seen nor replayed
+        (from ``start``, up to ``until`` when given) is one gap: the work is per message
+        received, never per missing seq (a sender can jump its seq by 2**62)."""
+        cur = start
         for s in sorted(got):
-            for missing in range(start, s):  # older than what the engine still buffers
-                self._missed(missing)
-            self._gap_event(start)
+            if s > cur:
+                self._missed(cur, s - 1)
             self._apply(s, got[s])
             self.tree.counts["replayed"] += 1
-            start = s + 1
+            cur = s + 1
+        if until is not None and cur < until:
+            self._missed(cur, until - 1)
+        self._gap_event(start)
 
-    def _missed(self, s: int) -> None:
-        if self.gaps and self.gaps[-1][1] == s - 1:
-            self.gaps[-1][1] = s
+    def _missed(self, first: int, last: int) -> None:
+        """Seqs ``first..last`` will never arrive: one gap (merged with an adjacent one)."""
+        if self.gaps and self.gaps[-1][1] == first - 1:
+            self.gaps[-1][1] = last
         else:
-            self.gaps.append([s, s])
-        self.tree.counts["missed_messages"] += 1
+            self.gaps.append([first, last])
+        self.tree.counts["missed_messages"] += last - first + 1
 
     def _gap_event(self, start: int) -> None:
         if self.gaps and self.gaps[-1][1] >= start:
@@ -208,6 +213,9 @@ class Watcher:
                     break
                 if start <= s < until:
                     out[s] = payload
+                    if len(out) >= MAX_REPLAY_MESSAGES:  # a reply that never ends
+                        self.tree.counts["replay_truncated"] += 1
+                        break
         except zmq.ZMQError:
             self.tree.counts["replay_errors"] += 1
         finally:

@@ -284,7 +284,14 @@ class StoreReader:
         parent_hash, token_ids, stored_seq`` (see ``telemetry/kvevents/frame.py``)."""
         int_arg("seq", seq)
         from radixscope.telemetry.kvevents.frame import blocks_frame
-        return blocks_frame(self, seq)
+        try:
+            return blocks_frame(self, seq)
+        except (AttributeError, TypeError, KeyError, IndexError, OverflowError) as e:
+            raise Malformed(f"kv_blocks / kv_events info: {type(e).__name__}: {e}") from None
+        except ValueError as e:
+            if str(self.path) in str(e):  # already names the file (state_at and the like)
+                raise
+            raise Malformed(f"kv_blocks / kv_events info: {e}") from None
 
     @file_errors
     def state_at(self, seq: int) -> CacheSnapshot:

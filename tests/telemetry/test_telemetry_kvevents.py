@@ -365,3 +365,42 @@ def test_a_watcher_joining_after_the_stream_catches_up_from_replay(tmp_path) -> 
     with telemetry.open_store(tmp_path / "late.db") as r:
         got = r.blocks()
     assert sorted(int(h) for h in got.hash) == [b["hash"] for b in expected["resident"]["GPU"]]
+
+
+def test_a_seq_jump_of_two_to_the_62_is_one_gap_in_bounded_time(tmp_path) -> None:
+    """A sender's seq is untrusted: a jump far ahead records one gap (work per message, not
+    per missing seq), and a negative seq is a bad frame."""
+    d = FIXTURES / "sglang-full-p1"
+    frame = json.loads((d / "frames.jsonl").read_text().splitlines()[0])
+    w = Watcher(f"tcp://127.0.0.1:{free_port()}", tmp_path / "jump.db")
+    payload = base64.b64decode(frame["payload"])
+    t0 = time.monotonic()
+    w._message([b"", (0).to_bytes(8, "big"), payload])
+    w._message([b"", (1 << 62).to_bytes(8, "big"), payload])
+    w._message([b"", (-5).to_bytes(8, "big", signed=True), payload])
+    assert time.monotonic() - t0 < 5
+    assert w.gaps == [[1, (1 << 62) - 1]]
+    assert w.tree.counts["missed_messages"] == (1 << 62) - 1
+    assert w.tree.counts["bad_frames"] == 1
+    w.close()
+
+
+def test_blocks_of_a_tampered_watcher_store_is_one_error_naming_the_file(tmp_path) -> None:
+    import sqlite3
+
+    d = FIXTURES / "sglang-full-p1"
+    frame = json.loads((d / "frames.jsonl").read_text().splitlines()[0])
+    path = tmp_path / "w.db"
+    w = Watcher(f"tcp://127.0.0.1:{free_port()}", path)
+    w._message([b"", (0).to_bytes(8, "big"), base64.b64decode(frame["payload"])])
+    w.close()
+    for sql in ("UPDATE info SET value = '[1]' WHERE key = 'kv_events'",
+                "UPDATE kv_blocks SET hash = 'zz'"):
+        bad = tmp_path / "bad.db"
+        bad.write_bytes(path.read_bytes())
+        con = sqlite3.connect(bad)
+        con.execute(sql)
+        con.commit()
+        con.close()
+        with telemetry.open_store(bad) as r, pytest.raises(ValueError, match="bad.db"):
+            r.blocks()
