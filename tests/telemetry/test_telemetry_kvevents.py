@@ -145,33 +145,54 @@ def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) ->
     d = FIXTURES / scenario
     frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
     expected = json.loads((d / "expected.json").read_text())
-    port = free_port()
+    port, rep_port = free_port(), free_port()
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for sock in (pub, router):
+        sock.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
+    router.bind(f"tcp://127.0.0.1:{rep_port}")  # the engine's replay socket, as SGLang has
+    stop = threading.Event()
+    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
+    server.start()
     store = tmp_path / "sglang.db"
     proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "watch",
-                             f"tcp://127.0.0.1:{port}", "--store", str(store)],
+                             f"tcp://127.0.0.1:{port}", "--replay", f"tcp://127.0.0.1:{rep_port}",
+                             "--store", str(store)],
                             cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE,
                             text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not store.exists() and time.monotonic() < deadline:
+
+    def seen() -> dict:  # what the running watcher has committed to its store so far
+        try:
+            with telemetry.open_store(store) as r:
+                return r.info().get("kv_events", {})
+        except (ValueError, OSError):
+            return {}
+
+    def wait_for(cond, what: str) -> None:  # bounded: no sleep stands in for an event
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert proc.poll() is None and time.monotonic() < deadline, what
             time.sleep(0.05)
-        time.sleep(0.5)
-        # garbage the watcher must count and skip
-        pub.send_multipart([b"", (10**6).to_bytes(8, "big")])  # two frames
+
+    try:
+        # live frames a slow-joining subscriber misses come from the replay socket
         for f in frames:
             pub.send_multipart([base64.b64decode(f["topic"]), f["seq"].to_bytes(8, "big"),
                                 base64.b64decode(f["payload"])])
-        time.sleep(1.0)
+        wait_for(lambda: seen().get("messages") == len(frames), "all frames ingested")
+        # the subscription is up by now: garbage the watcher must count and skip
+        pub.send_multipart([b"", (10**6).to_bytes(8, "big")])  # two frames
+        wait_for(lambda: seen().get("counts", {}).get("bad_frames") == 1, "bad frame counted")
         proc.send_signal(__import__("signal").SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+        stop.set()
+        server.join(timeout=5)
         pub.close()
+        router.close()
         ctx.term()
     assert proc.returncode == 0, err
     with telemetry.open_store(store) as r:
