@@ -61,8 +61,10 @@ class StorageBackend(ABC):
         """Pages present contiguously from ``keys[0]``."""
 
     @abstractmethod
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
-        """The stored blob of each key, None where absent."""
+    def _get(self, keys: list[str],
+             max_payload: int = codec.MAX_PAGE_BYTES) -> list[bytes | memoryview | None]:
+        """The stored blob of each key, None where absent. ``max_payload``: the page bytes
+        the caller expects (a backend that can bound its reads reads no more)."""
 
     @abstractmethod
     def _put(self, keys: list[str], blobs: list[bytes]) -> list[PageStatus]:
@@ -166,7 +168,7 @@ class StorageBackend(ABC):
                 out += [out[-1]] * len(kc)
                 continue
             try:
-                blobs = list(self._get(kc))
+                blobs = list(self._get(kc, host.page_nbytes))
                 if len(blobs) != len(kc):
                     raise RuntimeError(f"backend answered {len(blobs)} pages for {len(kc)} keys")
             except Exception as exc:  # noqa: BLE001

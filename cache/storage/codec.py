@@ -65,6 +65,9 @@ def decode(key: str, blob: bytes | memoryview | None, payload_nbytes: int
     return PageStatus.OK, payload
 
 
+MAX_PAGE_BYTES = 1 << 30  # no stored page is read past this, whatever its header says
+
+
 def payload_limit(head: bytes, max_bytes: int) -> int:
     """Key + payload bytes a header advertises (to bound a read), or -1 if it is not a header
     or advertises more than ``max_bytes``."""

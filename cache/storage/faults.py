@@ -23,6 +23,7 @@ import random
 import threading
 import time
 
+from radixscope.cache.storage import codec
 from radixscope.cache.storage.base import StorageBackend
 from radixscope.cache.storage.results import PageStatus
 
@@ -104,9 +105,10 @@ class FaultyBackend(StorageBackend):
                 self._note("stale_exists")
         return len(keys) if stale else self.inner._exists(keys)
 
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
+    def _get(self, keys: list[str],
+             max_payload: int = codec.MAX_PAGE_BYTES) -> list[bytes | memoryview | None]:
         self._enter()
-        blobs = self.inner._get(keys)
+        blobs = self.inner._get(keys, max_payload)
         with self._lock:
             drop = [self._draw(self.get_failure_rate) for _ in blobs]
             for d in drop:

@@ -5,7 +5,8 @@
 - Writes are atomic: the page goes to a hidden ``.{uuid}.tmp`` file in the same directory, then
   ``os.replace`` puts it in place; a reader sees the whole page or none. ``fsync=True`` also
   makes it durable across a power loss.
-- Reads are bounded (at most the expected page size + 1 bytes) and verified (``codec``): a
+- Reads are bounded (a header, then at most the key + the caller's page size + 1 bytes; a header
+  advertising more is a miss without reading on) and verified (``codec``): a
   short, torn, corrupt or foreign file is a miss, never data.
 - A size cap with LRU eviction: an in-memory index (key -> bytes, in recency order, rebuilt
   from the directory by mtime at start) evicts the least recently used pages before a write
@@ -31,7 +32,6 @@ from radixscope.cache.storage.results import PageStatus
 
 _SAFE = re.compile(r"[0-9a-f.]{1,200}")
 _SUFFIX = ".kv"
-MAX_PAGE_BYTES = 1 << 30
 
 
 def file_name(key: str) -> str:
@@ -125,15 +125,17 @@ class FileBackend(StorageBackend):
             n += 1
         return n
 
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
+    def _get(self, keys: list[str],
+             max_payload: int = codec.MAX_PAGE_BYTES) -> list[bytes | memoryview | None]:
         out: list[bytes | memoryview | None] = []
         for k in keys:
             name = file_name(k)
             try:
                 with open(self.dir / name, "rb") as f:
-                    # bounded: a header, then at most the advertised payload + 1 byte
+                    # bounded: a header, then the advertised key + payload + 1 byte, and a
+                    # payload larger than the caller's page is not read at all (a miss)
                     head = f.read(codec.HEAD_BYTES)
-                    limit = codec.payload_limit(head, MAX_PAGE_BYTES)
+                    limit = codec.payload_limit(head, min(max_payload, codec.MAX_PAGE_BYTES))
                     blob = head + f.read(limit + 1) if limit >= 0 else head
             except FileNotFoundError:
                 self._forget(name)

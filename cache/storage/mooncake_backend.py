@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from radixscope.cache.storage import codec
 from radixscope.cache.storage.base import MAX_BATCH, StorageBackend
 from radixscope.cache.storage.results import PageStatus
 
@@ -86,7 +87,8 @@ class MooncakeBackend(StorageBackend):
             n += 1
         return n
 
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
+    def _get(self, keys: list[str],
+             max_payload: int = codec.MAX_PAGE_BYTES) -> list[bytes | memoryview | None]:
         return [b if b else None for b in self._store.get_batch(self._k(keys))]
 
     def _put(self, keys: list[str], blobs: list[bytes]) -> list[PageStatus]:

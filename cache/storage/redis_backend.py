@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixscope.cache.storage import codec
 from radixscope.cache.storage.base import MAX_BATCH, StorageBackend
 from radixscope.cache.storage.results import PageStatus
 
@@ -76,7 +77,8 @@ class RedisBackend(StorageBackend):
             n += 1
         return n
 
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
+    def _get(self, keys: list[str],
+             max_payload: int = codec.MAX_PAGE_BYTES) -> list[bytes | memoryview | None]:
         return list(self._client.mget(self._k(keys)))
 
     def _put(self, keys: list[str], blobs: list[bytes]) -> list[PageStatus]:

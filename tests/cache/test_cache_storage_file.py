@@ -93,3 +93,21 @@ def test_unsafe_keys_become_hex_names(tmp_path: Path) -> None:
 def test_open_backend_specs(tmp_path: Path) -> None:
     b = open_backend(f"file:{tmp_path}/x?max_bytes=1000")
     assert isinstance(b, FileBackend) and b.max_bytes == 1000
+
+
+def test_a_header_advertising_more_than_a_page_is_a_miss_without_reading_it(
+        tmp_path: Path) -> None:
+    """A planted file says its payload is 256 MiB: the page is not served and the host slot
+    keeps its bytes (the read is bounded by the caller's page size, not by the header)."""
+    from radixscope.cache.storage import codec
+
+    b, keys = stored(tmp_path)
+    path = tmp_path / file_name(keys[0])
+    raw = keys[0].encode()
+    path.write_bytes(codec._HEAD.pack(codec.MAGIC, codec.VERSION, len(raw), 256 << 20, 0)
+                     + raw + b"x" * 4096)
+    dst = kv_host(seed=9)
+    before = dst.buf.clone()
+    r = b.batch_get(keys[:1], dst, slots(0, 1))
+    assert r.statuses[0] is not PageStatus.OK and r.prefix_ok == 0
+    assert torch.equal(page(dst, 0), before[:, :, 0:4])

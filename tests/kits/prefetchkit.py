@@ -20,6 +20,7 @@ from radixscope.cache.storage import (
     PrefetchPool,
     PrefetchResult,
     StorageBackend,
+    codec,
     page_hashes,
 )
 from radixscope.cache.storage.results import PageStatus
@@ -57,12 +58,13 @@ class Gate(StorageBackend):
     def _exists(self, keys: list[str]) -> int:
         return self.inner._exists(keys)
 
-    def _get(self, keys: list[str]) -> list[bytes | memoryview | None]:
+    def _get(self, keys: list[str], max_payload: int = codec.MAX_PAGE_BYTES,
+             ) -> list[bytes | memoryview | None]:
         self.gets += 1
         if self.hold(self.gets, keys):
             self.entered.set()
             assert self.opened.wait(20), "gate never released"
-        return self.inner._get(keys)
+        return self.inner._get(keys, max_payload)
 
     def _put(self, keys: list[str], blobs: list[bytes]) -> list[PageStatus]:
         return self.inner._put(keys, blobs)
