@@ -257,6 +257,10 @@ class KvEventPublisher:
             return
         client = frames[0]
         start = int.from_bytes(frames[2], "big", signed=True)
+        if start < 0:  # no consumer asks for that: answered with the end marker only
+            self.health.note("kv_events.bad_replay_requests")
+            router.send_multipart((client, b"", b"", wire.seq_bytes(-1), b""))
+            return
         with self._lock:
             items = [(s, p) for s, p in self._buf if s >= start]
         for s, p in items:
