@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from radixscope.cache.storage import Fingerprint, HostPages, page_hashes
+from tests.kits.require import missing
 
 ROOT_DIR = str(Path(__file__).resolve().parents[2])
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -112,10 +113,10 @@ class RedisServer:
 
 def _need_redis() -> None:
     if not Path(REDIS_BIN).exists():
-        pytest.skip(f"redis-server not installed ({REDIS_BIN} absent; apt-get install "
-                    "redis-server)")
+        missing("redis-server", f"redis-server not installed ({REDIS_BIN} absent; apt-get "
+                                "install redis-server)")
     if importlib.util.find_spec("redis") is None:
-        pytest.skip("the redis client library is not installed (pip install redis)")
+        missing("redis-server", "the redis client library is not installed (pip install redis)")
 
 
 @pytest.fixture

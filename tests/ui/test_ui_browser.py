@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kits.require import missing
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,11 +24,13 @@ ARTIFACTS = ROOT / "test-artifacts"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason=f"{CHROMIUM} is absent (CI installs Debian's chromium package)"),
-]
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(autouse=True)
+def _chromium() -> None:
+    if not Path(CHROMIUM).exists():
+        missing("chromium", f"{CHROMIUM} is absent (CI installs Debian's chromium package)")
 
 
 def _free_port() -> int:
