@@ -9,13 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.kits.require import missing
+from tests.kits.streamlit_up import wait_healthy
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,18 +52,7 @@ def server(tmp_path_factory):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"streamlit did not start on port {port}:\n{log.read()[-3000:]}")
-            time.sleep(0.3)
+        wait_healthy(proc, port, log, 60)
         yield url, facts
     finally:  # the CLI runs streamlit as its child: stop the whole session we started
         os.killpg(proc.pid, signal.SIGTERM)

@@ -13,14 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from radixscope.ui.store_arg import ROOT_ENV_VAR, confine, outside_root_message, root_from_args
+from tests.kits.streamlit_up import wait_healthy
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,19 +105,7 @@ def test_radixscope_ui_listens_on_loopback_only(tmp_path):
                              str(port)], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
-                                            timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"radixscope ui did not start on port {port}:\n{log.read()[-3000:]}")
-            time.sleep(0.3)
+        wait_healthy(proc, port, log, 90)
         socks = listening_sockets(proc.pid)
         assert (port in {p for _, p in socks}), socks
         assert all(_is_loopback(a) for a, _ in socks), f"listening beyond loopback: {socks}"
