@@ -22,7 +22,9 @@ Optional methods, called only on sinks that define them: ``bind(fanout)`` once a
 built (read ``fanout.stats()`` or another sink by ``fanout.named[name]``: the store reads the
 span sink's ids); ``spans(rows)`` (host-process span rows) and ``violation(ts_ns, seq, kind,
 message, details)``; ``commit()`` after each batch of messages; ``end(clean)`` before the final
-flush (``clean`` False: the host process went away without closing telemetry).
+flush (``clean`` False: the host process went away without closing telemetry). A sink whose
+class sets ``records_close = True`` (the store) is flushed and closed after every other sink
+has closed, so what fails while the exporters shut down is in the stats it keeps.
 
 Every call is guarded by the fan-out: an exception is logged and counted under
 ``sink.<Class>.<method>``, never raised into the drain thread or the cache.

@@ -119,7 +119,13 @@ class Fanout:
         return self.health.snapshot()
 
     def close(self, clean: bool = True) -> dict:
-        """Each sink's ``end(clean)``, the final flush, then each sink's ``close``. Idempotent.
+        """Each sink's ``end(clean)``; then the sinks that export (spans, metrics, KV events,
+        any registered one) flush and close; then the sinks that keep the record
+        (``records_close = True``: the store) take the final flush and close. Idempotent.
+
+        The recording sinks close last so that what goes wrong while the exporters shut down
+        (an OTLP push that fails, a publisher that cannot send its tail) is counted in the
+        stats the store keeps and the host's ``close()`` returns, not lost after them.
 
         Args:
             clean: the host closed telemetry (``tel.close()``); False when the writer closes
@@ -127,12 +133,23 @@ class Fanout:
                 readers of the store can tell the run did not finish.
 
         Returns:
-            ``flush``'s snapshot.
+            This side's health snapshot, taken after the exporters closed.
         """
         if self.closed:
             return self._final
         self._each("end", clean, optional=True)
-        self._final = self.flush()
+        last = [s for s in self.sinks if getattr(s, "records_close", False)]
+        first = [s for s in self.sinks if s not in last]
+        for method in ("flush", "close"):
+            for sink in first:
+                with self._guard(sink, method):
+                    getattr(sink, method)()
+        for sink in last:
+            with self._guard(sink, "flush"):
+                sink.flush()
+        self._final = self.health.snapshot()
         self.closed = True
-        self._each("close")
+        for sink in last:
+            with self._guard(sink, "close"):
+                sink.close()
         return self._final

@@ -43,6 +43,9 @@ class StoreSink:
         ValueError: ``keyframe_every`` < 1.
     """
 
+    # closes after the exporting sinks, so their shutdown failures reach the stored stats
+    records_close = True
+
     def __init__(self, health: Health, path: str, keyframe_every: int = 20000,
                  sample_every_ms: float = 100.0, resource: dict | None = None) -> None:
         if keyframe_every < 1:

@@ -165,3 +165,27 @@ def test_tuning_knobs_by_options_or_by_their_old_keywords_and_unknown_ones_rejec
         tel = telemetry.setup(store=None, mode="inline", capture_host_spans=False, **kwargs)
         assert tel.recorder.ring_capacity == 7
         tel.close()
+
+
+class FailsOnCloseSink(ListSink):
+    """An exporter whose shutdown fails (an OTLP push that cannot reach its collector)."""
+
+    def close(self) -> None:
+        raise RuntimeError("exporter shutdown failed")
+
+
+@pytest.mark.parametrize("mode", ["inline", "process"])
+def test_a_failure_while_an_exporter_shuts_down_is_in_the_stored_stats_and_the_ack(
+        tmp_path, monkeypatch, mode):
+    """The store takes its final stats after the exporting sinks closed: a failure during their
+    shutdown is kept, not lost after the store was written."""
+    monkeypatch.setitem(sinkbase.REGISTRY, "fails_on_close", f"{__name__}:FailsOnCloseSink")
+    tel = telemetry.setup(store=tmp_path / "s.db", mode=mode, capture_host_spans=False,
+                          sinks={"fails_on_close": {}})
+    cache = HiRadixCache(make_config(), recorder=tel.recorder)
+    Driver(cache).insert([1, 2, 3, 4])
+    stats = tel.close()
+    assert stats["failures"]["sink.FailsOnCloseSink.close"] == 1
+    with telemetry.open_store(tmp_path / "s.db") as r:
+        stored = r.info()["stats"]
+    assert stored["failures"]["sink.FailsOnCloseSink.close"] == 1
