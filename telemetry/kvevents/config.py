@@ -23,6 +23,10 @@ class KvEventsConfig:
         hwm: the PUB socket's send high-water mark (messages beyond it are dropped by ZMQ).
         data_parallel_rank: the batch's third field.
         storage_backend: the medium name of a storage tier (None: ``DISK``).
+        replay_per_s / replay_burst: replay requests one client (ZMQ identity) may make per
+            second, and in a burst; a request beyond them is answered with the end marker only
+            and counted (``kv_events.replay_rate_limited``), so one client asking in a loop
+            cannot keep the replay thread busy resending the buffer.
     """
 
     endpoint: str
@@ -32,6 +36,8 @@ class KvEventsConfig:
     hwm: int = 100_000
     data_parallel_rank: int = 0
     storage_backend: str | None = None
+    replay_per_s: float = 20.0
+    replay_burst: int = 40
 
     def __post_init__(self) -> None:
         for name in ("endpoint", "replay_endpoint"):
@@ -41,6 +47,13 @@ class KvEventsConfig:
                                  f"starting with one of {_SCHEMES}")
         if not isinstance(self.buffer_steps, int) or self.buffer_steps < 1:
             raise ValueError(f"kv_events buffer_steps={self.buffer_steps!r}: must be an int >= 1")
+        rate = self.replay_per_s
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 \
+                or rate == float("inf"):
+            raise ValueError(f"kv_events replay_per_s={rate!r}: must be a finite number > 0")
+        burst = self.replay_burst
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+            raise ValueError(f"kv_events replay_burst={burst!r}: must be an int >= 1")
 
 
 def resolve(kv_events: str | dict | KvEventsConfig | bool | None) -> KvEventsConfig | None:

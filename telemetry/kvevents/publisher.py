@@ -8,7 +8,9 @@ children, ``parent_block_hash`` chained), ``BlockRemoved`` per (medium, group) f
 Frames are ``[topic, seq (8 bytes big-endian), msgpack batch]`` on a bound PUB socket; the last
 ``buffer_steps`` messages are kept for the replay ROUTER socket (request ``[id, b"",
 start_seq]``, replies ``[id, b"", topic, seq, payload]``..., then ``[id, b"", b"", -1, b""]``),
-served by a small thread of its own. A failure is logged and counted, never raised.
+served by a small thread of its own, at most ``replay_per_s`` requests a second per client
+(a token bucket per ZMQ identity, ``replay_burst`` deep; the least recently seen of more than
+1024 clients are forgotten). A failure is logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class KvEventPublisher:
         self._ci: dict[str, int] = {}
         self._block_size = 1
         self._stopped = False
+        self._buckets: collections.OrderedDict[bytes, tuple[float, float]] = \
+            collections.OrderedDict()
 
     # ---- sink hooks -------------------------------------------------------------------------
     def attach(self, info: dict, snapshot: object, journal: object) -> None:
@@ -257,6 +261,10 @@ class KvEventPublisher:
             return
         client = frames[0]
         start = int.from_bytes(frames[2], "big", signed=True)
+        if not self._admit_replay(client):
+            self.health.note("kv_events.replay_rate_limited")
+            router.send_multipart((client, b"", b"", wire.seq_bytes(-1), b""))
+            return
         if start < 0:  # no consumer asks for that: answered with the end marker only
             self.health.note("kv_events.bad_replay_requests")
             router.send_multipart((client, b"", b"", wire.seq_bytes(-1), b""))
@@ -266,3 +274,15 @@ class KvEventPublisher:
         for s, p in items:
             router.send_multipart((client, b"", self.topic, wire.seq_bytes(s), p))
         router.send_multipart((client, b"", b"", wire.seq_bytes(-1), b""))
+
+    def _admit_replay(self, client: bytes, now: float | None = None) -> bool:
+        """Take one token from ``client``'s bucket (refilled at ``replay_per_s``)."""
+        cfg = self.config
+        now = time.monotonic() if now is None else now
+        tokens, last = self._buckets.pop(client, (float(cfg.replay_burst), now))
+        tokens = min(float(cfg.replay_burst), tokens + (now - last) * cfg.replay_per_s)
+        ok = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._buckets) > 1024:
+            self._buckets.popitem(last=False)
+        return ok

@@ -20,11 +20,13 @@ import pytest
 import zmq
 
 from radixscope import telemetry
+from radixscope.cache import HiRadixCache
 from radixscope.engine.run import RunSpec, execute
 from radixscope.telemetry.kvevents import wire
 from radixscope.telemetry.kvevents.blocks import snapshot_blocks
 from radixscope.telemetry.kvevents.publisher import KvEventPublisher
 from radixscope.telemetry.kvevents.watch import Watcher
+from tests.kits.cachekit import Driver, make_config
 
 FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "kv-events"
 if not FIXTURES.exists():
@@ -425,3 +427,58 @@ def test_blocks_of_a_tampered_watcher_store_is_one_error_naming_the_file(tmp_pat
         con.close()
         with telemetry.open_store(bad) as r, pytest.raises(ValueError, match="bad.db"):
             r.blocks()
+
+
+def _ask_replay(dealer: zmq.Socket, start: int) -> list[int]:
+    """One replay request; the seqs of the messages before the end marker (bounded wait)."""
+    dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+    seqs = []
+    while dealer.poll(5000):
+        _, _topic, seq_b, _payload = dealer.recv_multipart()
+        seq = int.from_bytes(seq_b, "big", signed=True)
+        if seq == -1:
+            return seqs
+        seqs.append(seq)
+    raise TimeoutError(f"replay from {start}: no end marker within 5 s")
+
+
+def test_the_replay_socket_limits_each_client_and_refuses_a_negative_start(tmp_path) -> None:
+    """A client asking in a loop gets its burst, then end markers only (counted); another
+    client is served meanwhile; a negative start seq is a bad request (end marker only)."""
+    rep = free_port()
+    tel = telemetry.setup(store=None, mode="inline", capture_host_spans=False, kv_events={
+        "endpoint": f"tcp://127.0.0.1:{free_port()}", "replay_endpoint": f"tcp://127.0.0.1:{rep}",
+        "replay_per_s": 0.01, "replay_burst": 3})
+    cache = HiRadixCache(make_config(), recorder=tel.recorder)
+    d = Driver(cache)
+    for i in range(4):
+        d.insert([10 * i + j for j in range(1, 9)])
+    tel.flush()
+    ctx = zmq.Context()
+    greedy, other = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        for s in (greedy, other):
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{rep}")
+        answers = [_ask_replay(greedy, 0) for _ in range(8)]
+        assert all(answers[:3]) and answers[0] == sorted(answers[0])
+        assert answers[3:] == [[]] * 5  # beyond the burst: end markers only
+        assert _ask_replay(other, 0) == answers[0]  # a second client has its own bucket
+        assert _ask_replay(other, -1) == []
+    finally:
+        greedy.close()
+        other.close()
+        ctx.term()
+    stats = tel.close()
+    assert stats["notes"]["kv_events.replay_rate_limited"] == 5
+    assert stats["notes"]["kv_events.bad_replay_requests"] == 1
+
+
+@pytest.mark.parametrize("bad", [{"replay_per_s": 0}, {"replay_per_s": float("inf")},
+                                 {"replay_per_s": True}, {"replay_burst": 0},
+                                 {"replay_burst": 2.5}])
+def test_replay_limits_are_validated_naming_the_value(bad) -> None:
+    from radixscope.telemetry.kvevents.config import KvEventsConfig
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ValueError, match=f"{name}={value!r}"):
+        KvEventsConfig("tcp://127.0.0.1:5557", **bad)
