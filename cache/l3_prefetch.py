@@ -165,7 +165,7 @@ class StoragePrefetch(CacheCore):
             self._pf_done.popitem(last=False)
         if res.tokens and deepest.data[0].values[STORAGE] is None \
                 and self.storage.write_policy != "write_back":
-            self._store_chain(deepest)  # the anchor's chain was not stored: write it now
+            self._store_wanted[deepest.id] = None  # the anchor's chain was not stored: write it
         return {ev.A_PREFETCH_REASON: res.reason, ev.A_PREFETCH_ASKED: res.asked_tokens,
                 ev.A_PREFETCH_HIT: res.tokens, ev.A_PREFETCH_FOUND: res.hit_tokens,
                 ev.A_PREFETCH_SECONDS: res.seconds, ev.A_NODE: deepest.id}

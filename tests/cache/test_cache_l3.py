@@ -292,3 +292,25 @@ def test_prefetch_config_reaches_the_controller(tmp_path):
     assert c.prefetcher.config is pf and c.storage.prefetch is pf
     assert isinstance(c.host_pools[0].buf, torch.Tensor)
     c.close()
+
+
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_a_store_never_reads_host_slots_a_backup_has_not_written(tmp_path, components):
+    """Regression (found by the three-tier fuzzer): a poll of a subset acked a child's backup
+    before its parent's; the store of the chain then read the parent's host slots before its
+    copy ran and L3 got garbage under the parent's page hashes. Stores now wait until every
+    node of the chain is on host."""
+    c = storage_cache(tmp_path, components, 1)
+    d = Driver(c)
+    toks = _toks(16)
+    (t1,) = d.insert(toks[:8]).backups
+    (t2,) = d.insert(toks).backups
+    assert c.poll([t2]) == [t2]   # the child's copy lands first; the parent's is still queued
+    assert not c.store_transfers  # so no store reads the parent's unwritten host slots
+    assert c.poll([t1]) == [t1]
+    c.poll(wait=True)
+    c.check()
+    assert stored_nodes(c) == sorted(n for n in c.tree.nodes if n)
+    evict_everything(c)
+    assert round_trip(c, toks) == 16  # bit for bit: what L3 holds is what was written
+    c.close()
