@@ -11,7 +11,13 @@ import pytest
 from radixscope.cache.storage import FaultyBackend, FileBackend, RedisBackend
 from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver
-from tests.kits.l3kit import storage_cache, stored_nodes, wait_prefetch
+from tests.kits.l3kit import (
+    load_and_verify,
+    storage_cache,
+    stored_nodes,
+    wait_prefetch,
+    write_store,
+)
 from tests.kits.prefetchkit import Gate
 from tests.kits.storagekit import redis_server  # noqa: F401 -- fixture
 
@@ -27,11 +33,7 @@ def _no_l3_pins(c) -> bool:
 
 
 def _write(root, toks, comps=HYBRID, backend=None) -> None:
-    a = storage_cache(root, comps, 1, backend=backend)
-    Driver(a).insert(toks)
-    a.poll(wait=True)
-    a.check()
-    a.close()
+    write_store(root, toks, comps, 1, backend)
 
 
 def _proceeds(c, toks, want_l3: int, req: str = "r") -> None:
@@ -42,10 +44,7 @@ def _proceeds(c, toks, want_l3: int, req: str = "r") -> None:
     assert _no_l3_pins(c)
     m = c.match_prefix(toks, req_id=req, prefetch=True)
     assert m.prefetch_status == "done" and m.storage_hit_length == want_l3, m
-    lb = c.load_back(m)
-    c.poll(wait=True)
-    Driver(c).verify_device_prefix(toks, lb.anchor)
-    c.check()
+    load_and_verify(c, m, toks)
 
 
 # ---- seed bug class 5 ----------------------------------------------------------------------
