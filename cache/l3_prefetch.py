@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.errors import InvariantViolation
-from radixscope.cache.results import MatchResult
+from radixscope.cache.results import MatchResult, StorageMatchResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.storage import prefetch_events as pe
 from radixscope.cache.storage.prefetch_op import PrefetchResult
@@ -61,13 +61,12 @@ class StoragePrefetch(CacheCore):
         m = self._match(tokens, extra_key, cow)
         run = self._pf.get(req_id)
         if run is not None:
-            return replace(m, prefetch_status="ongoing", prefetch_tokens=run.asked)
+            return StorageMatchResult.of(m, "ongoing", run.asked)
         done = self._pf_done.get(req_id)
         if done is not None:
             lo = max(done.start_len, m.device_prefix_len)
             hi = min(done.start_len + done.hit_tokens, m.best_prefix_len)
-            return replace(m, prefetch_status="done", prefetch_tokens=done.asked_tokens,
-                           storage_hit_length=max(0, hi - lo))
+            return StorageMatchResult.of(m, "done", done.asked_tokens, max(0, hi - lo))
         anchor = self.tree.nodes[m.best_match_node]
         start = self.tree.prefix_len(anchor)
         rest = tokens[start:m.key_len]
@@ -81,10 +80,10 @@ class StoragePrefetch(CacheCore):
         if not r.started:
             if rid is not None:
                 self.release(self.locks[rid])
-            return replace(m, prefetch_status=r.reason, prefetch_tokens=r.tokens)
+            return StorageMatchResult.of(m, r.reason, r.tokens)
         self._pf[req_id] = _Running(req_id, anchor.id, rid, start, rest[:r.tokens], extra_key,
                                     r.tokens, time.time_ns())
-        return replace(m, prefetch_status="started", prefetch_tokens=r.tokens)
+        return StorageMatchResult.of(m, "started", r.tokens)
 
     # ---- queries -----------------------------------------------------------------------------
     def prefetch_state(self, req_id: str) -> PrefetchState | None:

@@ -167,3 +167,29 @@ def test_redis_restarted_mid_run(redis_server):  # noqa: F811
     c.evict_host(100)
     _proceeds(c, again, 12, req="back")
     c.close()
+
+
+def test_backend_restarted_and_emptied_mid_run(tmp_path):
+    """The fault wrapper's restart: down for a few calls (errors), then back without its data."""
+    toks = _toks(12)
+    be = FaultyBackend(FileBackend(tmp_path / "l3"), seed=2)
+    c = storage_cache(tmp_path, HYBRID, 1, backend=be)
+    Driver(c).insert(toks)
+    c.poll(wait=True)
+    assert stored_nodes(c)
+    be.restart(down_calls=2, lose_data=True)
+    Driver(c).insert(_toks(12, base=500))  # its store hits the down backend
+    c.poll(wait=True)
+    c.check()
+    assert c.storage_stats().writes.pages_failed.get("error", 0) > 0 and _no_l3_pins(c)
+    c.evict(100)
+    c.evict_host(100)
+    c.check()
+    _proceeds(c, toks, 0)  # what was stored before the restart is gone: the request recomputes
+    again = _toks(12, base=900)
+    Driver(c).insert(again)  # the backend is back: writes land again
+    c.poll(wait=True)
+    end = c.match_prefix(again).last_device_node
+    assert c.tree.nodes[end].data[0].values[Tier.STORAGE] is not None
+    assert be.injected["down"] == 2
+    c.close()
