@@ -22,7 +22,6 @@ import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import STATE, WINDOW
-from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.results import MatchResult, StorageMatchResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.storage import prefetch_events as pe
@@ -236,35 +235,6 @@ class StoragePrefetch(CacheCore):
     def _adopt_value(self, node: Node, ci: int, slots: torch.Tensor) -> None:
         self.set_value(node, ci, HOST, slots.clone())
         self.request_held[ci][HOST] -= slots.numel()
-
-    # ---- check -------------------------------------------------------------------------------
-    def _check_prefetch(self, v: list) -> None:
-        try:
-            self.prefetcher.check()
-        except InvariantViolation as e:
-            v.extend(e.violations)
-        held = {c.name: 0 for c in self.comps}
-        for op in self.prefetcher._live():
-            for key, slots in op.held().items():
-                name = self.comps[0].name if key.startswith("__") else key
-                held[name] += slots.numel()
-        for c in self.comps:
-            if held[c.name] != self.request_held[c.index][HOST]:
-                v.append((f"{c.name}.host.prefetch_held", None,
-                          f"prefetches hold {held[c.name]} host slots, ledger "
-                          f"{self.request_held[c.index][HOST]}"))
-        for req_id, run in self._pf.items():
-            if not self.prefetcher.ongoing(req_id):
-                v.append(("prefetch.stranded", run.anchor, f"{req_id} not running in the "
-                          "controller"))
-            if run.receipt is not None and run.receipt not in self.locks:
-                v.append(("prefetch.unpinned", run.anchor, f"{req_id} lost its anchor pin"))
-        for rid, e in self.locks.items():
-            if isinstance(e.owner, str) and e.owner.startswith(PREFETCH_OWNER):
-                run = self._pf.get(e.owner[len(PREFETCH_OWNER):])
-                if run is None or run.receipt != rid:
-                    v.append(("prefetch.leaked_pin", e.anchor, f"lock {rid} held for "
-                              f"{e.owner}, which is not running"))
 
 
 __all__ = ["DONE_KEPT", "PREFETCH_OWNER", "StoragePrefetch"]

@@ -14,7 +14,8 @@ from tests.kits.storagekit import run_two_ranks
 
 SCENARIOS = {  # name -> (policy, components, {rank: FaultyBackend kwargs})
     "wait_complete_slow_rank1": ("wait_complete", ("full", "swa", "mamba"), {1: {"delay": 0.02}}),
-    "best_effort_slow_rank0": ("best_effort", ("full", "swa"), {0: {"delay": 0.03}}),
+    "timeout_hybrid_slow_rank0": ("timeout", ("full", "swa"), {0: {"delay": 0.02}}),
+    "best_effort_slow_rank0": ("best_effort", ("full",), {0: {"delay": 0.03}}),
     "timeout_rank1_faulty": ("timeout", ("full", "mamba"),
                              {1: {"delay": 0.01, "failure_rate": 0.3}}),
 }
