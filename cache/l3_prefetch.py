@@ -67,6 +67,11 @@ class StoragePrefetch(CacheCore):
             hi = min(done.start_len + done.hit_tokens, m.best_prefix_len)
             return StorageMatchResult.of(m, "done", done.asked_tokens, max(0, hi - lo))
         anchor = self.tree.nodes[m.best_match_node]
+        setup = self.storage
+        if (setup.write_policy == "write_through_selective" and anchor.parent is not None
+                and anchor.hit_count >= setup.write_threshold
+                and anchor.data[0].values[STORAGE] is None):
+            self._store_wanted[anchor.id] = None  # it got hot after its backup: store it now
         start = self.tree.prefix_len(anchor)
         rest = tokens[start:m.key_len]
         hashes = self._hashes_after(anchor, rest, extra_key)

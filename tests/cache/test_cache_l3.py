@@ -332,3 +332,22 @@ def test_hand_back_under_a_device_only_anchor_keeps_host_copies_prefix_closed(tm
     assert (m.device_prefix_len, m.host_hit_length, m.storage_hit_length) == (4, 12, 12)
     load_and_verify(c, m, toks)
     c.close()
+
+
+def test_selective_writes_a_node_once_it_gets_hot(tmp_path):
+    be = FileBackend(tmp_path / "l3")
+    c = HiRadixCache(make_config(("full",), host_tokens=64),
+                     storage=StorageSetup(be, write_policy="write_through_selective",
+                                          write_threshold=3))
+    toks = _toks(16)
+    Driver(c).insert(toks)
+    c.poll(wait=True)
+    assert stored_nodes(c) == []  # not hot yet
+    hits = []
+    for i in range(3):
+        c.match_prefix(toks, req_id=f"r{i}", prefetch=True)
+        c.poll(wait=True)
+        hits.append((c.tree.nodes[1].hit_count, stored_nodes(c)))
+    assert hits == [(2, []), (3, [1]), (4, [1])]  # written the poll after its 3rd hit
+    c.check()
+    c.close()
