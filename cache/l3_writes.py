@@ -56,6 +56,8 @@ class HostSlots:
         c, ci = self.cache, self.ci
         alloc = c.host_pools[ci].alloc
         if alloc.available < num_slots:
+            if alloc.available + c.evictable[ci][HOST] < num_slots:
+                return None  # eviction could not make room: evict nothing
             c._evict_host_slots(ci, num_slots - alloc.available)
         out = c.take_slots(ci, HOST, num_slots)
         if out is not None:

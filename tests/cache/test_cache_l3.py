@@ -351,3 +351,22 @@ def test_selective_writes_a_node_once_it_gets_hot(tmp_path):
     assert hits == [(2, []), (3, [1]), (4, [1])]  # written the poll after its 3rd hit
     c.check()
     c.close()
+
+
+def test_a_prefetch_that_cannot_get_host_room_evicts_nothing(tmp_path):
+    big = _toks(40, base=1000)
+    write_store(tmp_path, big)
+    c = storage_cache(tmp_path, ("full",), 1, host_tokens=32)
+    d = Driver(c)
+    d.insert(_toks(8))
+    c.poll(wait=True)
+    c.evict(8)                       # B: 8 host-only slots, evictable
+    assert d.insert(_toks(16, base=500)).backups  # A: 16 host slots pinned by its backup
+    before = c.snapshot()            # 8 free + 8 evictable < the 32 the prefetch needs
+    m = c.match_prefix(big, req_id="r", prefetch=True)
+    assert (m.prefetch_status, m.prefetch_tokens) == ("host_capacity", 40)
+    assert [n.components for n in c.snapshot().nodes] == [n.components for n in before.nodes]
+    assert c.prefetch_host_slots() == {"full": 0}
+    c.poll(wait=True)
+    c.check()
+    c.close()
