@@ -33,7 +33,7 @@ from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
 from radixscope.cache.storage import prefetch_events as pe
-from radixscope.telemetry import names as n
+import radixscope.telemetry.names as n
 from radixscope.telemetry.record.drops import Health
 
 STAGE = "prefetch_observer"
