@@ -32,8 +32,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
-from radixscope.cache.storage import prefetch_events as pe
 import radixscope.telemetry.names as n
+from radixscope.cache.storage import prefetch_events as pe
 from radixscope.telemetry.record.drops import Health
 
 STAGE = "prefetch_observer"
