@@ -54,7 +54,7 @@ def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
 
 def state_notes(model: TreeModel, node_id: int) -> list[str]:
     """One plain sentence per component whose display state needs words (``FULL kept``
-    tombstones, host-only data): ``"swa: tombstone, FULL kept - ..."``. A kept tombstone is
+    tombstones, host-only data, data only in host and L3 or only in L3): ``"swa: tombstone, FULL kept - ..."``. A kept tombstone is
     explained by the component itself (``Component.tombstone_meaning``)."""
     r = model.frame.loc[node_id]
     out = []
@@ -62,7 +62,7 @@ def state_notes(model: TreeModel, node_id: int) -> list[str]:
         s = str(r[f"state_{c}"])
         if s == st_.FULL_KEPT:
             out.append(f"{c}: {s} - {rules(c).tombstone_meaning}")
-        elif s == st_.HOST_ONLY:
+        elif s in (st_.HOST_ONLY, st_.HOST_STORED, st_.STORAGE_ONLY):
             out.append(f"{c}: {s} - {st_.MEANING[s]}")
     return out
 
