@@ -135,7 +135,8 @@ def to_dot(g: nx.DiGraph, component: str) -> str:
     for n, a in g.nodes(data=True):
         state = a[f"state_{component}"]
         fill = st_.color_of(state)
-        font = "white" if state in (st_.ROOT, st_.LOCKED, st_.IN_FLIGHT, st_.BOTH) else "black"
+        font = "white" if state in (st_.ROOT, st_.LOCKED, st_.IN_FLIGHT, st_.BOTH, st_.BOTH_STORED,
+                                     st_.STORAGE_ONLY) else "black"
         pen = ", penwidth=3" if a["kind"] == "focus" else ""
         plain = a["kind"] in ("root", "more") or state == st_.ROOT
         label = a["label"].replace('"', "'") + ("" if plain else f"\n{state}")
