@@ -114,8 +114,9 @@ OP_ATTRIBUTES: dict[str, str] = {
 _PREFETCH_RECORD_KEYS = (("A_PREFETCH_REASON", "ATTR_PREFETCH_REASON"),
                          ("A_PREFETCH_ASKED", "ATTR_PREFETCH_ASKED_TOKENS"),
                          ("A_PREFETCH_HIT", "ATTR_PREFETCH_HIT_TOKENS"),
+                         ("A_PREFETCH_FOUND", "ATTR_PREFETCH_FOUND_TOKENS"),
                          ("A_PREFETCH_SECONDS", "ATTR_PREFETCH_SECONDS"),
-                         ("A_STORAGE_FAILED_PAGES", "ATTR_STORAGE_FAILED_PAGES"))
+                         ("A_STORAGE_FAILED", "ATTR_STORAGE_FAILED_PAGES"))
 # Where one key means different things per op, the op's own name wins.
 OP_ATTRIBUTE_OVERRIDES: dict[tuple[str, str], str] = {
     (ev.OP_LOAD_BACK, ev.A_FREED): ATTR_LOAD_BACK_LOADED_PREFIX,
@@ -129,8 +130,8 @@ DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX, ATTR_LOAD_BACK_LOADED_PREF
 ATTR_PREFETCH_REASON = "kv_cache.prefetch.reason"
 ATTR_PREFETCH_POLICY = "kv_cache.prefetch.policy"
 ATTR_PREFETCH_ASKED_TOKENS = "kv_cache.prefetch.asked_tokens"
-ATTR_PREFETCH_TOKENS = "kv_cache.prefetch.tokens"  # tokens handed back (kept)
-ATTR_PREFETCH_HIT_TOKENS = "kv_cache.prefetch.hit_tokens"  # tokens storage reported present
+ATTR_PREFETCH_HIT_TOKENS = "kv_cache.prefetch.hit_tokens"  # tokens handed back into the tree
+ATTR_PREFETCH_FOUND_TOKENS = "kv_cache.prefetch.found_tokens"  # storage reported present
 ATTR_PREFETCH_COMPLETED_TOKENS = "kv_cache.prefetch.completed_tokens"
 ATTR_PREFETCH_SECONDS = "kv_cache.prefetch.seconds"
 ATTR_STORAGE_BACKEND = "kv_cache.storage.backend"
@@ -139,7 +140,7 @@ ATTR_STORAGE_PAGES = "kv_cache.storage.pages"
 ATTR_STORAGE_BYTES = "kv_cache.storage.bytes"
 ATTR_STORAGE_FAILED_PAGES = "kv_cache.storage.failed_pages"
 STORAGE_ATTRIBUTES = (ATTR_PREFETCH_REASON, ATTR_PREFETCH_POLICY, ATTR_PREFETCH_ASKED_TOKENS,
-                      ATTR_PREFETCH_TOKENS, ATTR_PREFETCH_HIT_TOKENS,
+                      ATTR_PREFETCH_HIT_TOKENS, ATTR_PREFETCH_FOUND_TOKENS,
                       ATTR_PREFETCH_COMPLETED_TOKENS, ATTR_PREFETCH_SECONDS,
                       ATTR_STORAGE_BACKEND, ATTR_STORAGE_STATUS, ATTR_STORAGE_PAGES,
                       ATTR_STORAGE_BYTES, ATTR_STORAGE_FAILED_PAGES)
@@ -184,7 +185,7 @@ M_ADMISSIONS = "kv_cache.admission.decisions"
 M_STORE_TOKENS = "kv_cache.storage.store.tokens"  # host -> L3, from acked store transfers
 M_PREFETCH_ENDED = "kv_cache.prefetch.ended"
 M_PREFETCH_TOKENS = "kv_cache.prefetch.tokens"  # L3 -> host, handed back
-M_PREFETCH_HIT_TOKENS = "kv_cache.prefetch.hit_tokens"  # found in L3 by the existence query
+M_PREFETCH_FOUND_TOKENS = "kv_cache.prefetch.found_tokens"  # found by the existence query
 M_PREFETCH_UNFULFILLED = "kv_cache.prefetch.unfulfilled.tokens"
 M_STORAGE_BYTES = "kv_cache.storage.bytes"
 M_STORAGE_PAGES = "kv_cache.storage.pages"
@@ -210,7 +211,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     M_STORE_TOKENS: (LABEL_COMPONENT,),
     M_PREFETCH_ENDED: (LABEL_PREFETCH_REASON,),
     M_PREFETCH_TOKENS: (LABEL_COMPONENT,),
-    M_PREFETCH_HIT_TOKENS: (LABEL_COMPONENT,),
+    M_PREFETCH_FOUND_TOKENS: (LABEL_COMPONENT,),
     M_PREFETCH_UNFULFILLED: (LABEL_PREFETCH_REASON,),
     M_STORAGE_BYTES: (LABEL_STORAGE_OP, LABEL_COMPONENT),
     M_STORAGE_PAGES: (LABEL_STORAGE_OP, LABEL_STORAGE_STATUS, LABEL_COMPONENT),

@@ -6,7 +6,7 @@ thread (start, end) and the prefetch worker / store writer threads (progress, st
 For each one the observer:
 
 - builds OTel spans through a tracer provider: one ``kv_cache.storage_prefetch`` span per
-  prefetch, from ``prefetch.start`` to ``prefetch.end`` (reason, asked / hit / kept tokens,
+  prefetch, from ``prefetch.start`` to ``prefetch.end`` (reason, asked / found / hit tokens,
   seconds), ``kv_cache.prefetch.progress`` span events, and ``kv_cache.storage_exists|get``
   child spans with the call's real duration; ``kv_cache.storage_set`` spans for store writes.
   The prefetch span is parented on the caller's span at ``prefetch.start`` (the request's span
@@ -40,7 +40,7 @@ STAGE = "prefetch_observer"
 _CALL_SPANS = {pe.STORAGE_EXISTS: n.SPAN_STORAGE_EXISTS, pe.STORAGE_GET: n.SPAN_STORAGE_GET,
                pe.STORAGE_SET: n.SPAN_STORAGE_SET}
 _ATTRS = {pe.A_REASON: n.ATTR_PREFETCH_REASON, pe.A_POLICY: n.ATTR_PREFETCH_POLICY,
-          pe.A_HIT_TOKENS: n.ATTR_PREFETCH_HIT_TOKENS, pe.A_SECONDS: n.ATTR_PREFETCH_SECONDS,
+          pe.A_HIT_TOKENS: n.ATTR_PREFETCH_FOUND_TOKENS, pe.A_SECONDS: n.ATTR_PREFETCH_SECONDS,
           pe.A_COMPLETED: n.ATTR_PREFETCH_COMPLETED_TOKENS, pe.A_PAGES: n.ATTR_STORAGE_PAGES,
           pe.A_BYTES: n.ATTR_STORAGE_BYTES, pe.A_STATUS: n.ATTR_STORAGE_STATUS,
           pe.A_COMPONENT: n.ATTR_COMPONENT, pe.A_BACKEND: n.ATTR_STORAGE_BACKEND}
@@ -50,14 +50,15 @@ VERSION = "0.1.0"
 
 
 def span_attrs(kind: str, attrs: dict) -> dict:
-    """The span attributes of one event's attrs (``tokens`` is asked on start, kept on end)."""
+    """The span attributes of one event's attrs (``tokens`` is asked on start, handed back on
+    end; the events' ``hit_tokens`` is what storage reported present: ``found_tokens``)."""
     out: dict[str, Any] = {}
     for k, v in attrs.items():
         if isinstance(v, (bool, int, float, str)):
             name = _ATTRS.get(k)
             if k == pe.A_TOKENS:
                 name = (n.ATTR_PREFETCH_ASKED_TOKENS if kind == pe.PREFETCH_START
-                        else n.ATTR_PREFETCH_TOKENS)
+                        else n.ATTR_PREFETCH_HIT_TOKENS)
             if name is not None:
                 out[name] = v
     return out

@@ -44,7 +44,7 @@ class StorageMetrics:
                                       "prefetches handed back or aborted, per reason")
         self.prefetched = m.create_counter(n.M_PREFETCH_TOKENS, n.UNIT_TOKENS,
                                            "tokens brought L3 -> host and handed back")
-        self.found = m.create_counter(n.M_PREFETCH_HIT_TOKENS, n.UNIT_TOKENS,
+        self.found = m.create_counter(n.M_PREFETCH_FOUND_TOKENS, n.UNIT_TOKENS,
                                       "tokens the storage existence query found")
         self.unfulfilled = m.create_counter(n.M_PREFETCH_UNFULFILLED, n.UNIT_TOKENS,
                                             "tokens asked for and not handed back, per reason")

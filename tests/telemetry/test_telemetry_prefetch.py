@@ -54,8 +54,8 @@ def test_prefetch_span_is_the_request_child_with_storage_calls_under_it(tmp_path
     a = pf.attributes
     assert a[n.ATTR_REQUEST_ID] == "r1"
     assert a[n.ATTR_PREFETCH_REASON] == pe.R_COMPLETE
-    assert (a[n.ATTR_PREFETCH_ASKED_TOKENS], a[n.ATTR_PREFETCH_TOKENS],
-            a[n.ATTR_PREFETCH_HIT_TOKENS]) == (12 * P, 12 * P, 12 * P)
+    assert (a[n.ATTR_PREFETCH_ASKED_TOKENS], a[n.ATTR_PREFETCH_HIT_TOKENS],
+            a[n.ATTR_PREFETCH_FOUND_TOKENS]) == (12 * P, 12 * P, 12 * P)
     # batch_pages=4: three FULL batches, progress 16, 32, 48 tokens
     assert [e.attributes[n.ATTR_PREFETCH_COMPLETED_TOKENS] for e in pf.events
             if e.name == n.EVENT_PREFETCH_PROGRESS] == [4 * P, 8 * P, 12 * P]
@@ -67,7 +67,7 @@ def test_prefetch_span_is_the_request_child_with_storage_calls_under_it(tmp_path
         assert pf.start_time <= s.start_time <= s.end_time <= pf.end_time
         assert s.attributes[n.ATTR_STORAGE_STATUS] == "ok"
         assert s.attributes[n.ATTR_STORAGE_BACKEND] == rig.store.name
-    assert ex.attributes[n.ATTR_PREFETCH_HIT_TOKENS] == 12 * P
+    assert ex.attributes[n.ATTR_PREFETCH_FOUND_TOKENS] == 12 * P
     assert sorted({s.attributes[n.ATTR_COMPONENT] for s in gets}) == sorted(
         ("full", *POOL_SETS[pools]))
     rig.free(res)
@@ -88,14 +88,14 @@ def test_declined_and_partial_prefetches_in_spans_and_metrics(tmp_path, tel):
     by_req = {s.attributes[n.ATTR_REQUEST_ID]: s for s in spans}
     assert by_req["short"].attributes[n.ATTR_PREFETCH_REASON] == pe.R_BELOW_THRESHOLD
     assert by_req["short"].start_time == by_req["short"].end_time
-    assert by_req["r2"].attributes[n.ATTR_PREFETCH_TOKENS] == 5 * P
+    assert by_req["r2"].attributes[n.ATTR_PREFETCH_HIT_TOKENS] == 5 * P
     st = ctl.stats()
     assert _values(tel, n.M_PREFETCH_UNFULFILLED, n.LABEL_PREFETCH_REASON) == {
         (k,): v for k, v in st.unfulfilled.items()} == {
         (pe.R_BELOW_THRESHOLD,): P, (pe.R_STORAGE_MISS,): 7 * P}
     assert _values(tel, n.M_PREFETCH_TOKENS, n.LABEL_COMPONENT) == {
         ("full",): st.prefetched_tokens} == {("full",): 5 * P}
-    assert _values(tel, n.M_PREFETCH_HIT_TOKENS, n.LABEL_COMPONENT) == {("full",): 5 * P}
+    assert _values(tel, n.M_PREFETCH_FOUND_TOKENS, n.LABEL_COMPONENT) == {("full",): 5 * P}
     assert _values(tel, n.M_HIT_TOKENS, n.LABEL_COMPONENT, n.LABEL_TIER) == {
         ("full", "storage"): 5 * P}
     assert _values(tel, n.M_PREFETCH_ENDED, n.LABEL_PREFETCH_REASON) == {
@@ -129,7 +129,7 @@ def test_aborted_prefetch_ends_its_span_and_counts_aborted(tmp_path, tel):
     assert tel.prefetch_observer.pending() == []
     (pf,) = _spans(tel, n.SPAN_STORAGE_PREFETCH)
     assert pf.attributes[n.ATTR_PREFETCH_REASON] == pe.R_ABORTED
-    assert pf.attributes[n.ATTR_PREFETCH_TOKENS] == 0
+    assert pf.attributes[n.ATTR_PREFETCH_HIT_TOKENS] == 0
     assert _values(tel, n.M_PREFETCH_UNFULFILLED, n.LABEL_PREFETCH_REASON) == {
         (k,): v for k, v in ctl.stats().unfulfilled.items()} == {(pe.R_ABORTED,): 8 * P}
     assert rig.all_free()
