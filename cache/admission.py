@@ -7,6 +7,11 @@ state) and prefill counts the first chunk's slots (``ceil_paged(min(extend, chun
 components, one working state slot for MAMBA). ``headroom = free + evictable - own``, where
 ``own`` is the evictable data on the request's own path that its lock (and the load-back's) will
 pin. If ``fits``, the load-back and the first chunk's allocation cannot run out of memory.
+
+With an L3 tier, a match whose prefetch is in flight (``prefetch_status`` started / ongoing)
+needs device slots for the prefetched tokens once they load back (``prefetch_load``; they are
+not prefilled, so the chunk is taken from the rest of ``extend_len``), and every component
+reports the host slots running prefetches hold (``prefetch_host``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from radixscope.cache.components import BACKBONE, WINDOW
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.results import MatchResult
-from radixscope.cache.tiers import DEVICE
+from radixscope.cache.tiers import DEVICE, HOST
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class ComponentNeed:
     own_pinned: int
     load_back: int
     prefill: int
+    prefetch_load: int = 0   # device slots a prefetch in flight will need once loaded
+    prefetch_host: int = 0   # host slots held by running prefetches (every request)
 
     @property
     def headroom(self) -> int:
@@ -37,7 +44,7 @@ class ComponentNeed:
 
     @property
     def need(self) -> int:
-        return self.load_back + self.prefill
+        return self.load_back + self.prefetch_load + self.prefill
 
     @property
     def fits(self) -> bool:
@@ -45,8 +52,9 @@ class ComponentNeed:
 
     def explain(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
+        pf = f"prefetched {self.prefetch_load} + " if self.prefetch_load else ""
         return (f"{self.component}: needs {self.need} {self.unit} (load-back {self.load_back} + "
-                f"prefill {self.prefill}); can free {self.headroom} = free {self.available} + "
+                f"{pf}prefill {self.prefill}); can free {self.headroom} = free {self.available} + "
                 f"evictable {self.evictable} - pinned by its own path {self.own_pinned} "
                 f"(protected by others: {self.protected}) -> {verdict}")
 
@@ -76,6 +84,7 @@ class Admission:
                 "chunk_tokens": self.chunk_tokens, "reason": self.reason,
                 "components": {c.component: {
                     "need": c.need, "load_back": c.load_back, "prefill": c.prefill,
+                    "prefetch_load": c.prefetch_load, "prefetch_host": c.prefetch_host,
                     "headroom": c.headroom, "available": c.available, "evictable": c.evictable,
                     "protected": c.protected, "own_pinned": c.own_pinned} for c in self.components}}
 
@@ -91,7 +100,12 @@ class Admitting:
         if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
                                          or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
             raise ValueError(f"chunk_tokens={chunk_tokens!r} must be None or an int >= 1")
-        chunk = extend_len if chunk_tokens is None else min(extend_len, chunk_tokens)
+        # a prefetch in flight (or started by this match) brings its tokens from L3 to host:
+        # they load back instead of being prefilled
+        pf = match.prefetch_tokens if match.prefetch_status in ("started", "ongoing") else 0
+        pf = min(pf, extend_len)
+        rest = extend_len - pf
+        chunk = rest if chunk_tokens is None else min(rest, chunk_tokens)
         anchor = self.node(match.best_match_node)
         pins, _ = self.lock_pins(anchor)
         page = self.page_size
@@ -102,14 +116,18 @@ class Admitting:
                       if n.data[ci].values[DEVICE] is not None and n.data[ci].refs[DEVICE] == 0)
             if comp.name == BACKBONE:
                 load, pre, unit = match.host_hit_length, ceil_paged(chunk, page), "tokens"
+                pf_load = pf
             elif comp.name == WINDOW:
                 load, pre, unit = ceil_paged(match.swa_host_hit_length, page), ceil_paged(chunk, page), "tokens"
+                pf_load = min(ceil_paged(pf, page), comp.value_cap or 0)
             else:
                 load, pre, unit = match.mamba_host_hit_length, 0 if match.mamba_slot is not None else 1, "states"
+                pf_load = 0
             alloc = self.device_pools[ci].alloc
             out.append(ComponentNeed(comp.name, unit, alloc.capacity, alloc.available,
                                      self.evictable[ci][DEVICE], self.protected[ci][DEVICE], own,
-                                     load, pre))
+                                     load, pre, pf_load, self.request_held[ci][HOST]
+                                     if self.storage is not None else 0))
         return Admission(all(c.fits for c in out), extend_len, chunk, tuple(out))
 
 

@@ -55,8 +55,9 @@ OP_BACKUP = "backup"
 OP_LOAD_BACK = "load_back"
 OP_TRANSFER = "transfer"  # asynchronous copy; ``attrs['enqueued_by']`` links it to its op
 OP_CHECK = "check"
+OP_PREFETCH = "prefetch"  # an L3 prefetch handed back (or aborted) into the tree
 OPS = (OP_MATCH, OP_INSERT, OP_LOCK, OP_UNLOCK, OP_RELEASE_SWA, OP_ALLOC, OP_FREE, OP_EVICT,
-       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_TRANSFER)
+       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_TRANSFER, OP_PREFETCH)
 
 # ---- mutation kinds --------------------------------------------------------------------------
 NODE_CREATE = "node.create"
@@ -100,6 +101,16 @@ A_TRANSFER_KIND = "transfer_kind"
 A_ENQUEUED_BY = "enqueued_by"
 A_EXTRA_KEY = "extra_key"
 A_COMPONENT = "component"
+# L3: a store transfer's failed pages; a prefetch's hand-back (reasons: prefetch_events.R_*,
+# or "drained" for a poll that only freed the leftovers of earlier prefetches)
+A_STORAGE_FAILED = "storage.failed_pages"
+A_PREFETCH_REASON = "prefetch.reason"
+A_PREFETCH_ASKED = "prefetch.asked_tokens"
+A_PREFETCH_HIT = "prefetch.hit_tokens"      # tokens handed back into the tree
+A_PREFETCH_FOUND = "prefetch.found_tokens"  # tokens storage reported present (agreed)
+A_PREFETCH_SECONDS = "prefetch.seconds"
+A_PREFETCH_STATUS = "prefetch.status"       # match: started / ongoing / done / declined reason
+A_STORAGE_HIT = "storage_tokens"            # match: host-hit tokens a prefetch brought from L3
 
 
 class Mutation(NamedTuple):

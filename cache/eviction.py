@@ -18,7 +18,7 @@ from __future__ import annotations
 from radixscope.cache.components import STATE
 from radixscope.cache.results import EvictResult
 from radixscope.cache.state import CacheCore
-from radixscope.cache.tiers import DEVICE, HOST
+from radixscope.cache.tiers import DEVICE, HOST, RESIDENT
 from radixscope.cache.tree import Node
 
 
@@ -56,8 +56,9 @@ def _post_order(node: Node) -> list[Node]:
 
 
 def is_useless(node: Node) -> bool:
-    """A node some component can never accept as a match end (no data on any tier)."""
-    return any(all(v is None for v in d.values) for d in node.data)
+    """A node some component can never accept as a match end (no data on a resident tier;
+    pages in L3 are found by hashing, not through the node)."""
+    return any(all(d.values[t] is None for t in RESIDENT) for d in node.data)
 
 
 class Eviction(CacheCore):
@@ -166,6 +167,8 @@ class Eviction(CacheCore):
         return acc.result(num)
 
     def _evict_host_leaf(self, node: Node, acc: _Acc) -> None:
+        if self.storage is not None and self.storage.write_policy == "write_back":
+            self._write_back_leaf(node)  # L3 write-back: last chance before the pages go
         acc.evicted.append(node.id)
         parent = node.parent
         acc.add(self.delete(node)[HOST])

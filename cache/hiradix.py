@@ -22,6 +22,8 @@ from radixscope.cache.guards import Guards
 from radixscope.cache.insertion import Insertion
 from radixscope.cache.invariants import Invariants
 from radixscope.cache.keys import ceil_paged
+from radixscope.cache.l3_prefetch import StoragePrefetch
+from radixscope.cache.l3_writes import StorageWrites
 from radixscope.cache.locks import Locks
 from radixscope.cache.matching import Matching
 from radixscope.cache.results import (
@@ -40,19 +42,38 @@ _instances = itertools.count(1)
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, Guards, Admitting, Invariants,
-                   CacheCore):
-    """A hierarchical radix prefix cache (device / host tiers) with pluggable components.
+class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefetch,
+                   StorageWrites, Guards, Admitting, Invariants, CacheCore):
+    """A hierarchical radix prefix cache (device / host / L3 storage tiers) with pluggable
+    components.
 
     Lifetime rules: ``match_prefix`` does not pin anything; lock ``last_device_node`` (or the
     load-back anchor) before using the indices; every lock is released with its receipt.
+    With ``storage``, call ``close()`` when done (stops the prefetch worker and the writer).
     """
 
-    def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
+    def __init__(self, config: CacheConfig, recorder: Recorder | None = None, *,
+                 storage=None) -> None:
+        """Args:
+            config: the cache's shape and policies.
+            recorder: where op records and mutations go (nothing is recorded without one).
+            storage: a ``storage.StorageSetup`` attaching an L3 tier (None: two tiers).
+        """
+        if storage is not None:
+            from radixscope.cache.storage.setup import StorageSetup
+            if not isinstance(storage, StorageSetup):
+                raise TypeError(f"storage must be a StorageSetup, got {type(storage).__name__}")
+            if not config.has_host:
+                raise ValueError("storage needs a host tier (host_tokens > 0)")
         super().__init__(config, recorder)
         self.instance = next(_instances)
         self.request_held = [per_tier(0) for _ in self.comps]
         self.engine = TransferEngine(config.device)
+        self.prefetcher = None
+        self._writer = None
+        self._init_prefetch_state()
+        if storage is not None:
+            self._init_storage(storage)
         if self._on:
             self.recorder.attach(self.info(), self.snapshot())
 
@@ -66,7 +87,10 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, Guards, Admi
                       for c in self.comps for t in self.pool_tiers},
             "bytes_per_slot": {f"{c.name}/{t.label}": self.pool(c.index, t).bytes_per_slot
                                for c in self.comps for t in self.pool_tiers},
-        }
+        } | ({} if self.storage is None else {"storage": {
+            "backend": self.storage.backend.name, "write_policy": self.storage.write_policy,
+            "prefetch_policy": self.storage.prefetch.policy.value,
+            "threshold_tokens": self.storage.prefetch.threshold_tokens}})
 
     def save_to_host(self, node: Node, cis: set[int] | None = None) -> bool:
         return self._backup_sync(node, cis)
@@ -178,10 +202,19 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, Guards, Admi
         copy ``match_prefix`` already ran is not repeated). Returns the acked transfer ids. An id
         given twice, unknown, already acked or from another cache raises ValueError naming it,
         before anything is acked. Each ack is recorded as a ``transfer`` op linked to the op
-        that enqueued it."""
+        that enqueued it.
+
+        With storage, a poll of everything (``transfer_ids`` None) also acks finished L3
+        stores (all of them with ``wait``; their ids are returned too) and polls the prefetch
+        controller once (a collective with several ranks: call it on every rank), handing
+        finished prefetches back into the tree (one ``prefetch`` op record each)."""
         if transfer_ids is not None:
             transfer_ids = self._check_poll_ids(transfer_ids)
-        return [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
+        out = [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
+        if self.storage is not None and transfer_ids is None and self._writer is not None:
+            out += [TransferId(t, self.instance) for t in self._ack_stores(wait)]
+            self._poll_prefetch()
+        return out
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):
         """What admitting a request needs per component, against what is free; see

@@ -18,7 +18,7 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from radixscope.cache.tiers import DEVICE, HOST, TIER_LABELS, TIERS, per_tier
+from radixscope.cache.tiers import DEVICE, HOST, RESIDENT, STORAGE, TIER_LABELS, TIERS, per_tier
 
 
 class Invariants:
@@ -69,8 +69,10 @@ class Invariants:
             if not node.key or len(node.key) % page:
                 v.append(("node.key", nid, f"key length {len(node.key)} not a positive multiple of {page}"))
             f = node.data[0]
-            if all(x is None for x in f.values):
-                v.append(("node.dead", nid, "FULL holds no value on any tier"))
+            if all(f.values[t] is None for t in RESIDENT):
+                v.append(("node.dead", nid, "FULL holds no value on any tier with a pool"
+                          + (" (only in storage: nodes leaving host and device are deleted)"
+                             if f.values[STORAGE] is not None else "")))
             par = node.parent
             if f.refs[DEVICE] > 0 and par.parent is not None and par.data[0].refs[DEVICE] == 0:
                 v.append(("full.lock_path_closed", nid, f"pinned (lock_ref {f.refs[DEVICE]}) under "
@@ -88,8 +90,8 @@ class Invariants:
                 ci = comp.index
                 d = node.data[ci]
                 for tier, val in zip(TIERS, d.values, strict=False):
-                    if val is None:
-                        continue
+                    if val is None or (tier is STORAGE and self.storage is not None):
+                        continue  # STORAGE values: _check_storage
                     if self.pools[ci][tier] is None:
                         v.append((f"{comp.name}.{tier.label}.no_pool", nid,
                                   f"holds a {tier.label} value but that tier has no pool"))
@@ -156,6 +158,8 @@ class Invariants:
             v.append(("full.host_leaves", None, f"missing {sorted(h_leaves - self.h_leaves)[:8]}, "
                       f"extra {sorted(self.h_leaves - h_leaves)[:8]}"))
         self._check_transfers(v)
+        if self.storage is not None:
+            self._check_storage(v)
         if v:
             raise InvariantViolation(v)
 
@@ -236,7 +240,8 @@ class Invariants:
             out.append(NodeSnapshot(nid, None if n.parent is None else n.parent.id, n.extra_key,
                                     tuple(n.key), n.last_access, n.hit_count, tuple(states)))
         in_flight = {}
-        for t in self.transfers.values():
+        every = {**self.transfers, **self.store_transfers}
+        for t in every.values():
             for c, a in t.amounts():
                 key = (c, t.dst_tier)
                 in_flight[key] = in_flight.get(key, 0) + a
@@ -252,7 +257,7 @@ class Invariants:
         transfers = tuple(
             TransferSnapshot(tid, t.kind, t.anchor, t.dst_tier, tuple(self.transfer_nodes[tid]),
                              t.amounts())
-            for tid, t in sorted(self.transfers.items()))
+            for tid, t in sorted(every.items()))
         return CacheSnapshot(self.seq, self.page_size, tuple(c.name for c in comps), tuple(out),
                              pools, locks, transfers)
 

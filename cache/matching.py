@@ -20,7 +20,7 @@ class Matching(CacheCore):
     """``match_prefix``: the longest cached prefix, per tier and component."""
 
     def match_prefix(self, key, *, extra_key=None, cow_mamba: bool = False,
-                     req_id: str | None = None) -> MatchResult:
+                     req_id: str | None = None, prefetch: bool = False) -> MatchResult:
         """Longest cached prefix of ``key`` (truncated to whole pages) in namespace ``extra_key``.
 
         Returns a frozen ``MatchResult`` (see its docstring for every field). What it returns is
@@ -32,10 +32,22 @@ class Matching(CacheCore):
         needed (``last_device_node == best_match_node``), allocates a request MAMBA slot
         (evicting if needed) and copies the state there; when a load-back is needed the copy
         comes from ``load_back(match, cow_mamba=True)``, from the anchor's state.
+        With ``prefetch=True`` (needs ``req_id``) and a storage tier: starts an L3 prefetch of
+        the whole pages past the host match for ``req_id`` unless one is running or done
+        (``prefetch_status``), host-pinning the last host node while it runs; see
+        ``l3_prefetch.py``.
         Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
         """
         tokens = normalize_key(key, self.page_size)
         check_namespace(extra_key)
+        if prefetch is not False:
+            if prefetch is not True:
+                raise TypeError(f"prefetch={prefetch!r} must be a bool")
+            if not isinstance(req_id, str) or not req_id:
+                raise ValueError(f"prefetch=True needs a req_id (a non-empty str), got {req_id!r}")
+            if self.storage is not None:
+                return self._run(ev.OP_MATCH, req_id, self._match_prefetch, tokens, extra_key,
+                                 bool(cow_mamba), req_id)
         return self._run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
 
     def _match(self, tokens, extra_key, cow: bool) -> MatchResult:

@@ -12,10 +12,15 @@ from radixscope.cache import events as ev
 
 
 def _match(cache, out, args) -> dict:
-    return {ev.A_KEY_TOKENS: out.key_len, ev.A_DEVICE_TOKENS: out.device_prefix_len,
-            ev.A_HOST_TOKENS: out.host_hit_length, ev.A_SWA_HOST_TOKENS: out.swa_host_hit_length,
-            ev.A_MAMBA_HOST: out.mamba_host_hit_length, ev.A_NODE: out.last_device_node,
-            ev.A_BEST_NODE: out.best_match_node, ev.A_EXTRA_KEY: out.extra_key}
+    a = {ev.A_KEY_TOKENS: out.key_len, ev.A_DEVICE_TOKENS: out.device_prefix_len,
+         ev.A_HOST_TOKENS: out.host_hit_length, ev.A_SWA_HOST_TOKENS: out.swa_host_hit_length,
+         ev.A_MAMBA_HOST: out.mamba_host_hit_length, ev.A_NODE: out.last_device_node,
+         ev.A_BEST_NODE: out.best_match_node, ev.A_EXTRA_KEY: out.extra_key}
+    if out.prefetch_status != "off":
+        a[ev.A_PREFETCH_STATUS] = out.prefetch_status
+        a[ev.A_PREFETCH_ASKED] = out.prefetch_tokens
+        a[ev.A_STORAGE_HIT] = out.storage_hit_length
+    return a
 
 
 def _insert(cache, out, args) -> dict:
@@ -57,9 +62,14 @@ def _load_back(cache, out, args) -> dict:
             ev.A_TOKENS: out.loaded_of(cache.comps[0].name), ev.A_FREED: dict(out.loaded)}
 
 
+def _prefetch(cache, out, args) -> dict:
+    return dict(cache._pf_attrs)
+
+
 OP_ATTRS: dict[str, Callable[..., dict]] = {
     ev.OP_MATCH: _match, ev.OP_INSERT: _insert, ev.OP_LOCK: _lock, ev.OP_UNLOCK: _release,
     ev.OP_RELEASE_SWA: _release, ev.OP_ALLOC: _alloc, ev.OP_FREE: _free, ev.OP_EVICT: _evict,
     ev.OP_EVICT_HOST: _evict, ev.OP_BACKUP: _backup, ev.OP_LOAD_BACK: _load_back,
+    ev.OP_PREFETCH: _prefetch,
 }
 

@@ -128,6 +128,19 @@ class Recording:
         self._emit_record((op_id, ev.OP_TRANSFER, start_ns, _time_ns(), None, None, seq_first,
                            self.seq, attrs, None), tok is not None)
 
+    def _end_op(self, tok, op: str, req_id, attrs: dict, start_ns: int,
+                force: bool = False) -> None:
+        """Close a record opened with ``_begin`` outside ``_run`` (the prefetch hand-back in
+        ``poll``): emitted when ``force`` or when the op made mutations; nested: nothing (the
+        mutations stay with the outer op)."""
+        self._depth -= 1
+        if tok is None:
+            return
+        op_id, _start, seq_first = tok
+        if force or self.seq >= seq_first:
+            self._emit_record((op_id, op, start_ns, _time_ns(), req_id, None, seq_first,
+                               self.seq, attrs, None))
+
     def _emit_record(self, rec: tuple, take_muts: bool = True) -> None:
         muts: list[tuple] = []
         if take_muts:

@@ -45,6 +45,12 @@ class MatchResult:
         key_len: page-aligned length of the key that was matched.
         mamba_slot: request-owned MAMBA slot holding a copy of the state (``cow_mamba``).
         cache_instance: the issuing cache's ``instance``; another cache rejects the handle.
+        prefetch_status: with ``prefetch=True``: ``started``, ``ongoing`` (do not schedule),
+            ``done``, or why none started (``below_threshold``, ``rate_limited``,
+            ``host_capacity``); ``off`` otherwise (no storage, or not asked).
+        prefetch_tokens: tokens asked from L3 by this request's prefetch.
+        storage_hit_length: tokens of this match's host hit that a finished prefetch for the
+            request brought from L3.
 
     Readable on return: every slot it names (device indices, the nodes up to
     ``last_device_node``, ``mamba_slot``) holds its data for the caller's stream, even where a
@@ -64,6 +70,9 @@ class MatchResult:
     extra_key: object = None
     mamba_slot: torch.Tensor | None = None
     cache_instance: int = 0
+    prefetch_status: str = "off"
+    prefetch_tokens: int = 0
+    storage_hit_length: int = 0
 
     @property
     def needs_load_back(self) -> bool:
@@ -147,13 +156,17 @@ class PoolCopy:
     dst: torch.Tensor
 
 
+# transfer kind -> the tier it writes (``store``: host -> L3, run by the storage writer)
+_DST_TIER = {"backup": "host", "load_back": "device", "store": "storage"}
+
+
 @dataclass(frozen=True)
 class Transfer:
     """An asynchronous copy job. Never mutated: moving indices makes a new object
     (``dataclasses.replace``), so the tree's own tensors are never touched by a transfer."""
 
     transfer_id: int
-    kind: str             # "backup" (device -> host) or "load_back" (host -> device)
+    kind: str             # "backup" (device -> host), "load_back" (host -> device), "store"
     anchor: int
     node_ids: tuple[int, ...]
     copies: tuple[PoolCopy, ...]
@@ -164,7 +177,7 @@ class Transfer:
 
     @property
     def dst_tier(self) -> str:
-        return "host" if self.kind == "backup" else "device"
+        return _DST_TIER[self.kind]
 
     def amounts(self) -> tuple[tuple[str, int], ...]:
         out: dict[str, int] = {}

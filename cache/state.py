@@ -44,6 +44,8 @@ class LockEntry:
 
 
 class CacheCore(Recording):
+    storage = None  # the StorageSetup of an L3 tier (``HiRadixCache(..., storage=...)``)
+
     def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
         if not isinstance(config, CacheConfig):
             raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
@@ -67,6 +69,7 @@ class CacheCore(Recording):
         self.lru = [[OrderedDict() for _ in TIERS] if c.uses_lru else None for c in self.comps]
         self.locks: dict[int, LockEntry] = {}
         self.transfers: dict = {}          # transfer id -> Transfer (in flight)
+        self.store_transfers: dict = {}    # transfer id -> Transfer of kind "store" (L3 writes)
         self.transfer_nodes: dict[int, list[int]] = {}
         # node id -> ids of the load-backs in flight whose copies write that node's device data
         self.loading: dict[int, tuple[int, ...]] = {}
@@ -81,7 +84,7 @@ class CacheCore(Recording):
         c = self.config
         check_fits(c)  # NotEnoughMemory (a ValueError) naming the bytes, before any allocation
         cuda = c.device.startswith("cuda")
-        # pools[ci][tier]; None where a tier has no pool (STORAGE, until the storage tier)
+        # pools[ci][tier]; None where a tier has no pool (STORAGE: values are page hashes)
         self.pools: list[list] = []
         for comp in self.comps:
             if comp.name == BACKBONE:
@@ -342,8 +345,9 @@ class CacheCore(Recording):
         return new
 
     def delete(self, node: Node) -> tuple[dict[int, int], ...]:
-        """Free every value of a childless, unpinned node and remove it. Returns the slots
-        freed per component index, one dict per tier."""
+        """Free every value of a childless, unpinned node and remove it (a STORAGE value is
+        dropped without freeing anything: the pages stay in L3). Returns the slots freed per
+        component index, one dict per tier."""
         freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
         for ci in range(len(self.comps)):
             d = node.data[ci]
@@ -351,7 +355,8 @@ class CacheCore(Recording):
                 v = d.values[tier]
                 if v is not None:
                     self.set_value(node, ci, tier, None)
-                    freed[tier][ci] = self.free_slots(ci, tier, v)
+                    if self.pools[ci][tier] is not None:
+                        freed[tier][ci] = self.free_slots(ci, tier, v)
             if self.lru[ci] is not None:
                 for lru in self.lru[ci]:
                     lru.pop(node.id, None)

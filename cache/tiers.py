@@ -3,7 +3,8 @@
 ``Tier`` indexes every per-tier list in the cache (a component's values and refs on a node, the
 evictable / protected ledgers, the evictable-leaf sets and heaps, the recency lists, the pools).
 Records name a tier by its ``label`` (``"device"``, ``"host"``, ``"storage"``). STORAGE (L3)
-exists and is empty: it has no pool yet, so nothing is ever stored there.
+has no pool: a node's STORAGE value is a ``storage.stored.StoredPages`` (the chained hashes of
+its pages in L3), set only with a storage tier attached; ``RESIDENT`` are the tiers with pools.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from enum import IntEnum
 class Tier(IntEnum):
     DEVICE = 0   # GPU memory (CPU without one): L1
     HOST = 1     # pinned host memory: L2
-    STORAGE = 2  # L3 storage backends: no pool yet
+    STORAGE = 2  # L3 storage backends: no pool (values are page hashes)
 
     @property
     def label(self) -> str:
@@ -37,6 +38,8 @@ class Tier(IntEnum):
 
 TIERS: tuple[Tier, ...] = tuple(Tier)
 N_TIERS = len(TIERS)
+# the tiers holding data in the cache's own memory (pools; a match end needs one of them)
+RESIDENT: tuple[Tier, ...] = tuple(t for t in TIERS if t is not Tier.STORAGE)
 _LABELS = {t: t.name.lower() for t in TIERS}
 _REF_NAMES = {t: ("lock" if t == 0 else t.name.lower()) + "_ref" for t in TIERS}
 TIER_LABELS: tuple[str, ...] = tuple(_LABELS[t] for t in TIERS)
@@ -53,4 +56,4 @@ def per_tier(value: object = 0) -> list:
     return [value] * N_TIERS
 
 
-__all__ = ["DEVICE", "HOST", "N_TIERS", "STORAGE", "TIERS", "TIER_LABELS", "Tier", "per_tier"]
+__all__ = ["DEVICE", "HOST", "N_TIERS", "RESIDENT", "STORAGE", "TIERS", "TIER_LABELS", "Tier", "per_tier"]

@@ -329,6 +329,8 @@ class Transfers(CacheCore):
                 else:
                     loading.pop(nid, None)
         self._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
+        if self.storage is not None and t.kind == "backup" and t.anchor in self.tree.nodes:
+            self._store_after_backup(self.tree.nodes[t.anchor])  # L3 write-through
         attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
                  ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
                  ev.A_TOKENS: dict(t.amounts()).get(BACKBONE, 0), ev.A_FREED: dict(t.amounts()),

@@ -34,6 +34,10 @@ _EXPORTS = {
     "StartResult": "radixscope.cache.storage.prefetch_op",
     "PrefetchConfig": "radixscope.cache.storage.prefetch_policy",
     "StopPolicy": "radixscope.cache.storage.prefetch_policy",
+    "StorageSetup": "radixscope.cache.storage.setup",
+    "PrefetchState": "radixscope.cache.storage.setup",
+    "StorageCacheStats": "radixscope.cache.storage.setup",
+    "StoredPages": "radixscope.cache.storage.stored",
     "SingleRank": "radixscope.cache.storage.tp",
     "TorchRankGroup": "radixscope.cache.storage.tp",
 }
@@ -53,6 +57,8 @@ if TYPE_CHECKING:
     from radixscope.cache.storage.prefetch_policy import PrefetchConfig, StopPolicy
     from radixscope.cache.storage.redis_backend import RedisBackend
     from radixscope.cache.storage.results import BatchResult, ExistsResult, PageStatus, StorageStats
+    from radixscope.cache.storage.setup import PrefetchState, StorageCacheStats, StorageSetup
+    from radixscope.cache.storage.stored import StoredPages
     from radixscope.cache.storage.tp import SingleRank, TorchRankGroup
 
 
