@@ -116,7 +116,9 @@ _PREFETCH_RECORD_KEYS = (("A_PREFETCH_REASON", "ATTR_PREFETCH_REASON"),
                          ("A_PREFETCH_HIT", "ATTR_PREFETCH_HIT_TOKENS"),
                          ("A_PREFETCH_FOUND", "ATTR_PREFETCH_FOUND_TOKENS"),
                          ("A_PREFETCH_SECONDS", "ATTR_PREFETCH_SECONDS"),
-                         ("A_STORAGE_FAILED", "ATTR_STORAGE_FAILED_PAGES"))
+                         ("A_STORAGE_FAILED", "ATTR_STORAGE_FAILED_PAGES"),
+                         ("A_PREFETCH_STATUS", "ATTR_PREFETCH_STATUS"),
+                         ("A_STORAGE_HIT", "ATTR_MATCH_STORAGE_TOKENS"))
 # Where one key means different things per op, the op's own name wins.
 OP_ATTRIBUTE_OVERRIDES: dict[tuple[str, str], str] = {
     (ev.OP_LOAD_BACK, ev.A_FREED): ATTR_LOAD_BACK_LOADED_PREFIX,
@@ -128,6 +130,8 @@ DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX, ATTR_LOAD_BACK_LOADED_PREF
 
 # ---- attributes of the storage spans ---------------------------------------------------------
 ATTR_PREFETCH_REASON = "kv_cache.prefetch.reason"
+ATTR_PREFETCH_STATUS = "kv_cache.prefetch.status"  # match: started / ongoing / done / declined
+ATTR_MATCH_STORAGE_TOKENS = "kv_cache.match.storage_tokens"  # host hit a prefetch brought
 ATTR_PREFETCH_POLICY = "kv_cache.prefetch.policy"
 ATTR_PREFETCH_ASKED_TOKENS = "kv_cache.prefetch.asked_tokens"
 ATTR_PREFETCH_HIT_TOKENS = "kv_cache.prefetch.hit_tokens"  # tokens handed back into the tree
@@ -139,7 +143,8 @@ ATTR_STORAGE_STATUS = "kv_cache.storage.status"
 ATTR_STORAGE_PAGES = "kv_cache.storage.pages"
 ATTR_STORAGE_BYTES = "kv_cache.storage.bytes"
 ATTR_STORAGE_FAILED_PAGES = "kv_cache.storage.failed_pages"
-STORAGE_ATTRIBUTES = (ATTR_PREFETCH_REASON, ATTR_PREFETCH_POLICY, ATTR_PREFETCH_ASKED_TOKENS,
+STORAGE_ATTRIBUTES = (ATTR_PREFETCH_REASON, ATTR_PREFETCH_STATUS, ATTR_MATCH_STORAGE_TOKENS,
+                      ATTR_PREFETCH_POLICY, ATTR_PREFETCH_ASKED_TOKENS,
                       ATTR_PREFETCH_HIT_TOKENS, ATTR_PREFETCH_FOUND_TOKENS,
                       ATTR_PREFETCH_COMPLETED_TOKENS, ATTR_PREFETCH_SECONDS,
                       ATTR_STORAGE_BACKEND, ATTR_STORAGE_STATUS, ATTR_STORAGE_PAGES,

@@ -2,7 +2,8 @@
 
 - observable gauges per component x tier: capacity, available, evictable, protected, in-flight
   and held slots, read from the sink's ``Journal`` when the reader collects;
-- counters: hit tokens per component and tier (tier ``storage``: prefetched tokens), looked-up tokens, evicted tokens per component and
+- counters: hit tokens per component and tier (tier ``storage``: the match's host hit that a
+  prefetch brought from L3), looked-up tokens, evicted tokens per component and
   tier, backup / load-back tokens (per component, from the journal's finished transfers) and
   bytes (from transfer records), admission decisions;
 - histograms: op durations per op name and transfer durations per transfer kind;
@@ -28,7 +29,9 @@ from radixscope.telemetry.sinks.storage_metrics import StorageMetrics
 from radixscope.telemetry.store.journal import Journal
 
 _HITS = ((ev.A_DEVICE_TOKENS, BACKBONE, ev.TIER_DEVICE), (ev.A_HOST_TOKENS, BACKBONE, ev.TIER_HOST),
-         (ev.A_SWA_HOST_TOKENS, WINDOW, ev.TIER_HOST), (ev.A_MAMBA_HOST, STATE, ev.TIER_HOST))
+         (ev.A_SWA_HOST_TOKENS, WINDOW, ev.TIER_HOST), (ev.A_MAMBA_HOST, STATE, ev.TIER_HOST),
+         *(((ev.A_STORAGE_HIT, BACKBONE, ev.TIER_STORAGE),) if hasattr(ev, "A_STORAGE_HIT")
+           else ()))
 BACKUP_KINDS = ("backup", "write_back", "write_through")
 LOAD_BACK_KINDS = ("load_back", "load")
 STORE_KIND = "store"  # host -> L3 (tier "storage")
@@ -80,7 +83,7 @@ class CacheMetrics:
                                                 "bytes copied host -> device")
         self.store_tokens = m.create_counter(n.M_STORE_TOKENS, n.UNIT_SLOTS,
                                              "slots written host -> L3 (acked store transfers)")
-        self.storage = StorageMetrics(meter_provider, self.hit_tokens)
+        self.storage = StorageMetrics(meter_provider)
         self.admissions = m.create_counter(n.M_ADMISSIONS, "{decision}", "admission decisions")
         self.op_duration = m.create_histogram(
             n.M_OP_DURATION, "s", "cache operation duration",

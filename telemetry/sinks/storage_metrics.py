@@ -1,7 +1,7 @@
 """OTel metrics of the L3 tier, from the prefetch observer's events and the store transfers.
 
-- counters: prefetches ended per reason; tokens handed back (``kv_cache.prefetch.tokens``, also
-  counted as hits on tier ``storage`` in ``kv_cache.hit.tokens``), tokens the existence query
+- counters: prefetches ended per reason; tokens handed back (``kv_cache.prefetch.tokens``; the
+  hits on tier ``storage`` are the match ops', in ``metrics.py``), tokens the existence query
   found; unfulfilled tokens per reason (the controller's own accounting: declined starts count
   what they asked, an end counts the storage miss and the rest under its reason); storage pages
   per call kind and status; bytes per call kind and component; store-transfer slots per
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from opentelemetry import metrics
 
-from radixscope.cache import events as ev
 from radixscope.cache.components import BACKBONE
 from radixscope.cache.storage import prefetch_events as pe
 from radixscope.telemetry import names as n
@@ -33,13 +32,10 @@ class StorageMetrics:
 
     Args:
         meter_provider: any OTel ``MeterProvider``.
-        hit_tokens: the ``kv_cache.hit.tokens`` counter (tier ``storage`` is added to it).
     """
 
-    def __init__(self, meter_provider: metrics.MeterProvider, hit_tokens: metrics.Counter
-                 ) -> None:
+    def __init__(self, meter_provider: metrics.MeterProvider) -> None:
         m = meter_provider.get_meter(n.INSTRUMENTATION_SCOPE)
-        self.hit_tokens = hit_tokens
         self.ended = m.create_counter(n.M_PREFETCH_ENDED, "{prefetch}",
                                       "prefetches handed back or aborted, per reason")
         self.prefetched = m.create_counter(n.M_PREFETCH_TOKENS, n.UNIT_TOKENS,
@@ -74,7 +70,6 @@ class StorageMetrics:
         self.ended.add(1, {n.LABEL_PREFETCH_REASON: reason})
         if kept:
             self.prefetched.add(kept, comp)
-            self.hit_tokens.add(kept, {**comp, n.LABEL_TIER: ev.TIER_STORAGE})
         if hit:
             self.found.add(hit, comp)
         asked = _int(attrs.get("asked_tokens"))
