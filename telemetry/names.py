@@ -188,6 +188,7 @@ M_OP_DURATION = "kv_cache.op.duration"
 M_TRANSFER_DURATION = "kv_cache.transfer.duration"
 M_ADMISSIONS = "kv_cache.admission.decisions"
 M_STORE_TOKENS = "kv_cache.storage.store.tokens"  # host -> L3, from acked store transfers
+M_STORE_BYTES = "kv_cache.storage.store.bytes"
 M_PREFETCH_ENDED = "kv_cache.prefetch.ended"
 M_PREFETCH_TOKENS = "kv_cache.prefetch.tokens"  # L3 -> host, handed back
 M_PREFETCH_FOUND_TOKENS = "kv_cache.prefetch.found_tokens"  # found by the existence query
@@ -214,6 +215,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     M_TRANSFER_DURATION: (LABEL_TRANSFER_KIND,),
     M_ADMISSIONS: (LABEL_ADMISSION_RESULT,),
     M_STORE_TOKENS: (LABEL_COMPONENT,),
+    M_STORE_BYTES: (),
     M_PREFETCH_ENDED: (LABEL_PREFETCH_REASON,),
     M_PREFETCH_TOKENS: (LABEL_COMPONENT,),
     M_PREFETCH_FOUND_TOKENS: (LABEL_COMPONENT,),

@@ -83,6 +83,8 @@ class CacheMetrics:
                                                 "bytes copied host -> device")
         self.store_tokens = m.create_counter(n.M_STORE_TOKENS, n.UNIT_SLOTS,
                                              "slots written host -> L3 (acked store transfers)")
+        self.store_bytes = m.create_counter(n.M_STORE_BYTES, "By",
+                                            "bytes written host -> L3 (acked store transfers)")
         self.storage = StorageMetrics(meter_provider)
         self.admissions = m.create_counter(n.M_ADMISSIONS, "{decision}", "admission decisions")
         self.op_duration = m.create_histogram(
@@ -112,6 +114,8 @@ class CacheMetrics:
                         self.backup_bytes.add(nbytes)
                     elif fam == "load_back":
                         self.load_back_bytes.add(nbytes)
+                    elif fam == STORE_KIND:
+                        self.store_bytes.add(nbytes)
                 continue
             self.op_duration.record(dur, {n.LABEL_OP: op.op})
             if op.op == ev.OP_MATCH:
