@@ -361,11 +361,14 @@ class StorageWrites(CacheCore):
             if par.parent is not None and par.data[0].values[STORAGE] is None:
                 v.append(("full.storage_prefix_closed", n.id, f"parent {par.id} not stored"))
                 continue
-            prior = self._last_hash(par)
-            want_h = page_hashes(list(n.key), ps, prior=prior,
+            # the chain link: the first page continues from the parent's last hash (one hash
+            # per node keeps check() O(nodes); values are sliced from chains built from keys)
+            prior = None if par.parent is None else par.data[0].values[STORAGE].last
+            want_h = page_hashes(list(n.key[:ps]), ps, prior=prior,
                                  extra_key=None if prior else namespace_of(n.extra_key))
-            if want_h != f.hashes:
-                v.append(("full.storage_hashes", n.id, "hashes are not the node's chain"))
+            if want_h[0] != f.hashes[0]:
+                v.append(("full.storage_hashes", n.id, "first page does not chain from the "
+                          f"parent {par.id}'s last page"))
             for comp in self.comps[1:]:
                 val = n.data[comp.index].values[STORAGE]
                 if isinstance(val, StoredPages) and val.hashes != (

@@ -57,6 +57,8 @@ class Admitter:
         self.refusals = 0
         self.verified = 0  # reused prefixes checked against the model
         self.verified_tokens = 0
+        # with an L3 tier, admission's match reports what a finished prefetch brought
+        self._l3 = {"prefetch": True} if getattr(self.cache, "storage", None) else {}
 
     def never_fits(self, seq: Sequence) -> str | None:
         """Why the request can never run on these pools, even alone; None when it can."""
@@ -111,7 +113,7 @@ class Admitter:
         with trace.use_span(seq.span, end_on_exit=False):
             try:
                 m = c.match_prefix(spec.prompt, extra_key=spec.extra_key, cow_mamba=self.mamba,
-                                   req_id=rid)
+                                   req_id=rid, **self._l3)
             except CacheOutOfMemory as e:  # no MAMBA state slot for the copy-on-write
                 reason = f"refused: mamba copy-on-write slot: {e}"
                 return self._reject(seq, reason, {}) if idle else self._refuse(seq, reason, {})
@@ -176,6 +178,7 @@ class Admitter:
         seq.swa_evicted_len = 0
         seq.mamba_slot = slot
         seq.host_hit = loaded.get(BACKBONE, 0)
+        seq.storage_hit = min(m.storage_hit_length, seq.host_hit)
         seq.device_hit = prefix - seq.host_hit
         seq.swa_loaded = loaded.get(WINDOW, 0)
         seq.mamba_loaded = loaded.get(STATE, 0)

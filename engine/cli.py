@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from radixscope.cache.config import PRESETS, WRITE_POLICIES
-from radixscope.engine.run import SIZE_FIELDS, RunSpec
+from radixscope.cache.storage.setup import STORE_POLICIES
+from radixscope.engine.run import PREFETCH_POLICIES, SIZE_FIELDS, RunSpec
 from radixscope.engine.workloads import WORKLOADS
 from radixscope.telemetry.kvevents import cli as kv_cli
 
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-running", type=_int_at_least(1), default=16, metavar="N",
                    help="requests running at once (default 16)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--storage", metavar="SPEC", help="L3 storage tier: file:DIR | "
+                   "redis://HOST:PORT | mooncake://HOST:PORT?metadata=URL")
+    r.add_argument("--prefetch-policy", choices=PREFETCH_POLICIES, default="timeout",
+                   help="when a prefetching request may stop and run (with --storage)")
+    r.add_argument("--storage-write", choices=STORE_POLICIES, default="write_through",
+                   help="when host pages are written to L3 (with --storage)")
+    r.add_argument("--prefetch-threshold", type=_int_at_least(0), default=256, metavar="N",
+                   help="tokens past the host match below which no prefetch runs")
     kv_cli.add_run_options(r)
     kv_cli.add_watch_parser(sub)
     d = sub.add_parser("doctor", help="budget, violations and admissions of a store in words")
@@ -155,7 +164,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
                    sizes={f: getattr(ns, f) for f in SIZE_FIELDS if getattr(ns, f) is not None},
                    store=store, check_invariants=ns.check_invariants,
                    chunk_tokens=ns.chunk_tokens, prefill_budget=ns.prefill_budget,
-                   max_running=ns.max_running, trace=ns.trace)
+                   max_running=ns.max_running, trace=ns.trace, storage=ns.storage,
+                   prefetch_policy=ns.prefetch_policy, storage_write=ns.storage_write,
+                   prefetch_threshold=ns.prefetch_threshold)
     bar = ProgressBar(0, enabled=False if ns.no_progress else None)
     try:
         result = execute(spec, on_step=lambda e: _draw(bar, e))

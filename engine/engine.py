@@ -16,6 +16,11 @@ Each step, in this order (SGLang's scheduler order: schedule right after acking 
 5. when no running request could make progress (memory held by the others), the newest is
    retracted (its progress stays cached) and requeued;
 6. ``poll()`` acks transfers and, with ``check_invariants``, ``check()`` runs.
+
+With an L3 tier (``HiRadixCache(..., storage=...)``), a request entering the waiting queue
+matches with ``prefetch=True`` (an L3 prefetch starts for the tokens past its host match);
+admission skips a request whose prefetch is still ongoing (it is handed back by a later
+``poll``), and a request that leaves (finished, rejected, aborted) aborts its prefetch.
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ class Engine:
         self.rejected: list[Sequence] = []
         self.retractions = 0
         self._stuck = 0
+        self._l3 = getattr(cache, "storage", None) is not None
         if config.check_each_from is not None and config.check_each_from <= 1:
             cache.check_each = True
 
@@ -183,14 +189,22 @@ class Engine:
                 **({names.REQ_EXTRA_KEY: spec.extra_key} if spec.extra_key else {}),
             })
             hashes = prefix_hashes(spec.tokens, spec.extra_key)
-            self.waiting.append(Sequence(spec, hashes, span=span, arrived_step=self.step_no))
+            seq = Sequence(spec, hashes, span=span, arrived_step=self.step_no)
+            self.waiting.append(seq)
+            if self._l3:  # L3: start fetching what storage holds past the host match
+                with trace.use_span(span, end_on_exit=False):
+                    m = self.cache.match_prefix(spec.prompt, extra_key=spec.extra_key,
+                                                req_id=spec.rid, prefetch=True)
+                seq.prefetch_status = m.prefetch_status
 
     def _admit(self, budget: int) -> tuple[int, bool]:
         """Admit from the head of the queue; returns the prefill budget left and whether
         anything changed. Runs first in a step, after the previous step's ``poll``."""
         progressed = False
         while self.waiting and len(self.running) < self.config.max_running and budget > 0:
-            seq = self.waiting[0]
+            seq = self._next_waiting()
+            if seq is None:
+                break  # every waiting request is still prefetching from L3
             idle = not self.running and not self.cache.transfers
             chunk = min(self.config.chunk_tokens, budget)
             reserved: dict[str, int] = {}
@@ -199,18 +213,29 @@ class Engine:
                     reserved[comp] = reserved.get(comp, 0) + n
             out = self.admitter.try_admit(seq, chunk, idle, reserved)
             if out == ADMITTED:
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 seq.admitted_step = self.step_no
                 self.running.append(seq)
                 budget -= seq.seq_len - seq.reused  # its first chunk
                 progressed = True
             elif out == REJECTED:
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 self._end(seq, REJECTED)
                 progressed = True
             else:
                 break
         return budget, progressed
+
+    def _next_waiting(self) -> Sequence | None:
+        """The first waiting request whose L3 prefetch is not running (SGLang skips those)."""
+        if not self._l3:
+            return self.waiting[0]
+        state = self.cache.prefetch_state
+        for seq in self.waiting:
+            st = state(seq.rid)
+            if st is None or st.status != "ongoing":
+                return seq
+        return None
 
     def _unstick(self) -> None:
         if len(self.running) > 1:
@@ -229,6 +254,8 @@ class Engine:
     def _end(self, seq: Sequence, outcome: str) -> None:
         if seq in self.running:
             self.running.remove(seq)
+        if self._l3:  # the request leaves: release its prefetch (and forget a finished one)
+            self.cache.abort_prefetch(seq.rid)
         seq.phase = outcome
         span = seq.span
         attrs = {
@@ -246,6 +273,7 @@ class Engine:
                 names.REQ_PREFILL_CHUNKS: seq.chunks,
                 names.REQ_DEVICE_HIT_TOKENS: seq.device_hit,
                 names.REQ_HOST_HIT_TOKENS: seq.host_hit,
+                names.REQ_STORAGE_HIT_TOKENS: seq.storage_hit,
                 names.REQ_SWA_LOADED_TOKENS: seq.swa_loaded,
                 names.REQ_MAMBA_LOADED_STATES: seq.mamba_loaded,
             })
@@ -263,6 +291,8 @@ class Engine:
     def abort(self) -> None:
         """End the spans of every unfinished request (after an error)."""
         for seq in [*self.running, *self.waiting]:
+            if self._l3:
+                self.cache.abort_prefetch(seq.rid)
             if seq.span is not None and seq.span.is_recording():
                 seq.span.set_status(Status(StatusCode.ERROR, "engine stopped"))
                 seq.span.end()

@@ -32,6 +32,7 @@ REQ_RETRACTIONS = "engine.request.retractions"
 REQ_PREFILL_CHUNKS = "engine.request.prefill_chunks"
 REQ_DEVICE_HIT_TOKENS = "engine.request.device_hit_tokens"
 REQ_HOST_HIT_TOKENS = "engine.request.host_hit_tokens"
+REQ_STORAGE_HIT_TOKENS = "engine.request.storage_hit_tokens"  # of the host hit, from L3
 REQ_SWA_LOADED_TOKENS = "engine.request.swa_loaded_tokens"
 REQ_MAMBA_LOADED_STATES = "engine.request.mamba_loaded_states"
 

@@ -88,6 +88,8 @@ class Sequence:
     chunks: int = 0
     device_hit: int = 0  # FULL prefix tokens reused from device at admission
     host_hit: int = 0  # FULL prefix tokens loaded back from host
+    storage_hit: int = 0  # of host_hit, tokens an L3 prefetch brought to host
+    prefetch_status: str = "off"  # the L3 prefetch at arrival (MatchResult.prefetch_status)
     swa_loaded: int = 0
     mamba_loaded: int = 0
     mamba_device_hit: int = 0

@@ -22,6 +22,9 @@ from radixscope.cache.config import PRESET_OF_COMPONENTS, PRESETS, CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.hiradix import HiRadixCache
 from radixscope.cache.memory import check_fits
+from radixscope.cache.storage.factory import open_backend
+from radixscope.cache.storage.prefetch_policy import PrefetchConfig, StopPolicy
+from radixscope.cache.storage.setup import STORE_POLICIES, StorageSetup
 from radixscope.engine import workloads
 from radixscope.engine.bundles import RunBundles
 from radixscope.engine.engine import Engine, EngineConfig, EngineStuck
@@ -29,6 +32,8 @@ from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCac
 from radixscope.engine.model import ContentMismatch
 
 Hook = Callable[[Engine], None]
+STORAGE_SCHEMES = ("file:", "redis://", "mooncake://")
+PREFETCH_POLICIES = tuple(p.value for p in StopPolicy)
 SIZE_FIELDS = ("page_size", "device_tokens", "host_tokens", "swa_device_tokens",
                "swa_host_tokens", "mamba_slots", "mamba_host_slots")
 
@@ -53,6 +58,10 @@ class RunSpec:
     trace: str | None = None
     workload_options: dict = field(default_factory=dict)  # knobs of the workload generator
     telemetry_mode: str = "process"  # "inline": sinks on this thread, no request spans (tests)
+    storage: str | None = None  # L3: "file:DIR", "redis://HOST:PORT", "mooncake://..."
+    prefetch_policy: str = "timeout"
+    storage_write: str = "write_through"
+    prefetch_threshold: int = 256
 
     def preset_name(self) -> str:
         if self.components is not None:
@@ -88,6 +97,33 @@ class RunSpec:
                                      f"{name!r} does not have")
                 over[k] = v
         return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu", **over)
+
+    def storage_setup(self):
+        """The cache's L3 tier (None without ``storage``); opens the backend. Bad values raise
+        ValueError naming them."""
+        self.check_storage()
+        if self.storage is None:
+            return None
+        return StorageSetup(open_backend(self.storage), write_policy=self.storage_write,
+                            prefetch=self._prefetch_config())
+
+    def check_storage(self) -> None:
+        """Validate the storage settings without opening anything."""
+        if self.storage is not None and (not isinstance(self.storage, str) or not
+                                         self.storage.startswith(STORAGE_SCHEMES)):
+            raise ValueError(f"storage={self.storage!r}: expected file:DIR, redis://HOST:PORT "
+                             "or mooncake://HOST:PORT?metadata=URL")
+        if self.prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(f"prefetch_policy={self.prefetch_policy!r}: must be one of "
+                             f"{', '.join(PREFETCH_POLICIES)}")
+        if self.storage_write not in STORE_POLICIES:
+            raise ValueError(f"storage_write={self.storage_write!r}: must be one of "
+                             f"{', '.join(STORE_POLICIES)}")
+        self._prefetch_config()
+
+    def _prefetch_config(self) -> PrefetchConfig:
+        return PrefetchConfig(policy=self.prefetch_policy,
+                              threshold_tokens=self.prefetch_threshold)
 
     def engine_config(self, check_each_from: int | None = None) -> EngineConfig:
         return EngineConfig(chunk_tokens=self.chunk_tokens, prefill_budget=self.prefill_budget,
@@ -131,7 +167,8 @@ def _build(spec: RunSpec, recorder_inner, check_each_from: int | None,
     reqs = workloads.build(spec.workload, spec.requests, spec.seed, spec.trace,
                            **spec.workload_options)
     counter = CountingRecorder(recorder_inner)
-    cache = TimedCache(HiRadixCache(cfg, recorder=counter), counter)
+    cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=spec.storage_setup()),
+                       counter)
     engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
                     model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
     return engine, counter, cache, cfg
@@ -159,6 +196,7 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             locates a violation (tests inject faults with it).
     """
     check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store
+    spec.check_storage()
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
                     spec.trace, **spec.workload_options)
     spec.engine_config()
@@ -166,6 +204,7 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     torch.set_num_threads(1)  # the engine's tensors are small: intra-op threads only cost
     tel = _open_telemetry(spec.store, spec.telemetry_mode)
     bundles = None
+    cache = None
     try:
         engine, counter, cache, cfg = _build(spec, tel.recorder if tel else None, None,
                                              [fault, on_step], tel)
@@ -215,6 +254,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
                 tel.record_violation(result.error, kind=result.error_kind, details=details)
             _abort(engine, result)
     finally:
+        if cache is not None:
+            cache.cache.close()  # L3: stop the prefetch worker and the store writer
         if bundles is not None:
             bundles.close()
         if tel is not None:
@@ -248,6 +289,7 @@ def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook |
            ) -> dict:
     """Re-run ``spec`` without a store, checking after every cache call from ``step`` on, to
     name the operation that first broke an invariant seen after ``step``."""
+    engine = None
     try:
         engine, *_ = _build(replace(spec, store=None), None, step, [fault], None)
         engine.run()
@@ -255,6 +297,9 @@ def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook |
         return _op_violation(e, engine.step_no)
     except Exception:  # noqa: BLE001 - fall back to the step-level report below
         pass
+    finally:
+        if engine is not None:
+            engine.cache.cache.close()
     name, node, detail = original.violations[0]
     at = f"at node {node}" if node is not None else "(pool-wide)"
     return {"message": f"step {step}: invariant {name} broken {at}: {detail} (the re-run could "

@@ -7,6 +7,9 @@ Hit rates are per component and tier, over what the finished requests looked up 
 - SWA: the window behind each request's reused prefix (``min(window, prompt)`` tokens looked up);
   *host* = window tokens loaded back, *device* = the rest of the window that was reused.
 - MAMBA: one state per request; *device* = copied from a device state, *host* = loaded back.
+
+With an L3 tier, *storage* counts the FULL tokens of the host column that an L3 prefetch
+brought to host first (so they are also in *host*); the other components show ``-``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class HitRate:
     looked_up: int
     device: int
     host: int
+    storage: int | None = None  # of ``host``: tokens an L3 prefetch brought (None: not counted)
 
     @property
     def miss(self) -> int:
@@ -69,6 +73,8 @@ class Summary:
     error_kind: str | None
     store: str | None
     bundles: tuple[str, ...] = ()
+    storage: str | None = None      # the L3 backend spec
+    storage_line: str = ""          # what L3 did: pages written / failed, prefetches
 
     @property
     def requests_per_s(self) -> float:
@@ -84,8 +90,10 @@ def _pctl(values: list[int], q: float) -> float:
 def hit_rates(result: RunResult) -> tuple[HitRate, ...]:
     seqs = result.engine.done
     comps = result.config.components
+    l3 = result.spec.storage is not None
     out = [HitRate(BACKBONE, rules(BACKBONE).unit, sum(s.prompt_len for s in seqs),
-                   sum(s.device_hit for s in seqs), sum(s.host_hit for s in seqs))]
+                   sum(s.device_hit for s in seqs), sum(s.host_hit for s in seqs),
+                   sum(s.storage_hit for s in seqs) if l3 else None)]
     if WINDOW in comps:
         w = result.config.sliding_window
         look = dev = host = 0
@@ -121,7 +129,20 @@ def summarize(result: RunResult) -> Summary:
         moved=moved, latency=lat, verified_prefixes=d.verified, verified_tokens=d.verified_tokens,
         budget_violations=len(d.budget_violations), checked=result.spec.check_invariants,
         error=result.error, error_kind=result.error_kind, store=result.store,
-        bundles=tuple(str(p) for p in result.bundles))
+        bundles=tuple(str(p) for p in result.bundles), storage=result.spec.storage,
+        storage_line=_storage_line(result))
+
+
+def _storage_line(result: RunResult) -> str:
+    cache = result.cache.cache
+    if cache.storage is None:
+        return ""
+    st = cache.storage_stats()
+    w, p = st.writes, st.prefetch
+    failed = ", ".join(f"{k} {v:,}" for k, v in sorted(w.pages_failed.items())) or "none failed"
+    return (f"{st.backend.backend}, {cache.storage.write_policy}: {w.pages_stored:,} pages "
+            f"written ({failed}); prefetch {cache.storage.prefetch.policy.value}: "
+            f"{p.started:,} started, {p.prefetched_tokens:,} tokens brought")
 
 
 def format_summary(s: Summary) -> str:
@@ -134,11 +155,15 @@ def format_summary(s: Summary) -> str:
         f"{s.retractions} retracted; {s.refusals} admission refusals; {s.steps} steps",
         f"  time         {s.wall_s:.2f} s, {s.requests_per_s:.1f} requests/s, "
         f"{share:.0f}% inside cache calls",
-        "  hit rate     component    looked up      device        host        miss",
+        "  hit rate     component    looked up      device        host        miss"
+        + ("     storage" if s.storage else ""),
     ]
     for h in s.hits:
+        l3 = "" if not s.storage else (f"{'-':>12}" if h.storage is None
+                                        else f"{h.pct(h.storage):>11.1f}%")
         lines.append(f"               {h.component:<9}{h.looked_up:>10,} {h.unit:<6}"
-                     f"{h.pct(h.device):>6.1f}%{h.pct(h.host):>11.1f}%{h.pct(h.miss):>11.1f}%")
+                     f"{h.pct(h.device):>6.1f}%{h.pct(h.host):>11.1f}%{h.pct(h.miss):>11.1f}%"
+                     + l3)
     ev_parts = [f"{c}/{t} {n:,} ({slots:,} {rules(c).unit})"
                 for c, t, n, slots in s.evictions if n]
     lines.append("  evictions    " + (", ".join(ev_parts) if ev_parts else "none"))
@@ -164,6 +189,8 @@ def format_summary(s: Summary) -> str:
     lines.append(f"  invariants   {inv}")
     if s.error is not None and s.error_kind != "invariant":
         lines.append(f"  error        {s.error}")
+    if s.storage:
+        lines.append(f"  storage      {s.storage}: {s.storage_line}")
     if s.store:
         lines.append(f"  store        {s.store} (radixscope ui {s.store})")
     for b in s.bundles:

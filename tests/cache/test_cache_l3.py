@@ -8,15 +8,21 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
-from radixscope.cache.events import FlightRecorder
 from radixscope.cache import events as ev
+from radixscope.cache.events import FlightRecorder
 from radixscope.cache.snapshot import replay
 from radixscope.cache.storage import FileBackend, PrefetchConfig
 from radixscope.cache.storage.setup import StorageSetup
 from radixscope.cache.storage.stored import StoredPages
 from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
-from tests.kits.l3kit import evict_everything, round_trip, storage_cache, stored_nodes, wait_prefetch
+from tests.kits.l3kit import (
+    evict_everything,
+    round_trip,
+    storage_cache,
+    stored_nodes,
+    wait_prefetch,
+)
 from tests.kits.prefetchkit import Gate
 
 

@@ -70,6 +70,13 @@ RUN_CASES = [  # (id, args, text the one line must hold)
                                                              "directory"),
     ("store a directory", ["--store", "/tmp"], "'/tmp' is a directory"),
     ("store a device", ["--store", "/dev/null"], "not a radixscope store"),
+    ("prefetch policy unknown", ["--storage", "file:/tmp/rs-l3-x", "--prefetch-policy", "soon"],
+     "'soon'"),
+    ("storage write unknown", ["--storage", "file:/tmp/rs-l3-x", "--storage-write", "never"],
+     "'never'"),
+    ("storage spec unknown", ["--storage", "s3://bucket"], "'s3://bucket'"),
+    ("storage file without dir", ["--storage", "file:"], "file: needs a directory"),
+    ("prefetch threshold negative", ["--prefetch-threshold", "-1"], "-1 must be >= 0"),
 ]
 
 
