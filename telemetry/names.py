@@ -12,6 +12,9 @@ from __future__ import annotations
 from radixscope.cache import events as ev
 
 INSTRUMENTATION_SCOPE = "radixscope.telemetry"
+# the L3 spans the prefetch observer makes in the cache's process: a scope of their own, so the
+# store keeps them as host spans (it skips INSTRUMENTATION_SCOPE: op rows carry those)
+STORAGE_INSTRUMENTATION_SCOPE = "radixscope.telemetry.storage"
 DEFAULT_SERVICE_NAME = "radixscope"
 
 # ---- span names: one per public cache operation ----------------------------------------------

@@ -136,7 +136,7 @@ class TelemetryPrefetchObserver(pe.PrefetchObserver):
     def _get_tracer(self) -> trace.Tracer:
         if self._tracer is None:
             tp = self.tracer_provider or trace.get_tracer_provider()
-            self._tracer = tp.get_tracer(n.INSTRUMENTATION_SCOPE, VERSION)
+            self._tracer = tp.get_tracer(n.STORAGE_INSTRUMENTATION_SCOPE, VERSION)
         return self._tracer
 
     def _start(self, req_id: str | None, t_ns: int, attrs: dict) -> None:
