@@ -19,6 +19,15 @@ from radixscope.cache.components import BACKBONE
 from radixscope.cache.storage import prefetch_events as pe
 from radixscope.telemetry import names as n
 
+_COUNTERS = (  # attribute, name, unit, description
+    ("ended", n.M_PREFETCH_ENDED, "{prefetch}", "prefetches handed back or aborted, per reason"),
+    ("prefetched", n.M_PREFETCH_TOKENS, n.UNIT_TOKENS, "tokens brought L3 -> host, handed back"),
+    ("found", n.M_PREFETCH_FOUND_TOKENS, n.UNIT_TOKENS, "tokens the existence query found"),
+    ("unfulfilled", n.M_PREFETCH_UNFULFILLED, n.UNIT_TOKENS,
+     "tokens asked for and not handed back, per reason"),
+    ("pages", n.M_STORAGE_PAGES, "{page}", "storage pages per call kind and status"),
+    ("nbytes", n.M_STORAGE_BYTES, "By", "bytes moved to / from L3"),
+)
 _STOPPED = frozenset({pe.R_TERMINATED, pe.R_DEADLINE})
 _CALL_OPS = {pe.STORAGE_EXISTS: "exists", pe.STORAGE_GET: "get", pe.STORAGE_SET: "set"}
 
@@ -36,17 +45,8 @@ class StorageMetrics:
 
     def __init__(self, meter_provider: metrics.MeterProvider) -> None:
         m = meter_provider.get_meter(n.INSTRUMENTATION_SCOPE)
-        self.ended = m.create_counter(n.M_PREFETCH_ENDED, "{prefetch}",
-                                      "prefetches handed back or aborted, per reason")
-        self.prefetched = m.create_counter(n.M_PREFETCH_TOKENS, n.UNIT_TOKENS,
-                                           "tokens brought L3 -> host and handed back")
-        self.found = m.create_counter(n.M_PREFETCH_FOUND_TOKENS, n.UNIT_TOKENS,
-                                      "tokens the storage existence query found")
-        self.unfulfilled = m.create_counter(n.M_PREFETCH_UNFULFILLED, n.UNIT_TOKENS,
-                                            "tokens asked for and not handed back, per reason")
-        self.pages = m.create_counter(n.M_STORAGE_PAGES, "{page}",
-                                      "storage pages per call kind and status")
-        self.nbytes = m.create_counter(n.M_STORAGE_BYTES, "By", "bytes moved to / from L3")
+        for attr, name, unit, what in _COUNTERS:
+            setattr(self, attr, m.create_counter(name, unit, what))
         self.bandwidth = m.create_histogram(
             n.M_STORAGE_BANDWIDTH, "By/s", "bandwidth of each storage call",
             explicit_bucket_boundaries_advisory=n.BANDWIDTH_BUCKETS)
