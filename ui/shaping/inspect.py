@@ -37,15 +37,17 @@ def compact(n: int) -> str:
 def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
     """One row per component x tier: ``component, tier, resident, length, refs, state``.
 
-    ``refs`` is the lock_ref on the device tier and the host_ref on the host tier; ``state`` is
-    the component's display state (the same on both rows).
+    ``refs`` is the lock_ref on the device tier, the host_ref on the host tier and 0 in L3
+    storage (nothing pins a stored page); ``state`` is the component's display state (the same
+    on every row).
     """
     i = model.row(node_id)
     r = model.frame.iloc[i]
     rows = []
     for c in model.components:
         for tier, length, refs in ((ev.TIER_DEVICE, r[f"dev_{c}"], r[f"lock_{c}"]),
-                                   (ev.TIER_HOST, r[f"host_{c}"], r[f"href_{c}"])):
+                                   (ev.TIER_HOST, r[f"host_{c}"], r[f"href_{c}"]),
+                                   (ev.TIER_STORAGE, r[f"sto_{c}"], 0)):
             rows.append((c, tier, bool(length >= 0), int(max(length, 0)), int(refs),
                          str(r[f"state_{c}"])))
     return pd.DataFrame(rows, columns=["component", "tier", "resident", "length", "refs",
