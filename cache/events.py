@@ -56,8 +56,9 @@ OP_LOAD_BACK = "load_back"
 OP_TRANSFER = "transfer"  # asynchronous copy; ``attrs['enqueued_by']`` links it to its op
 OP_CHECK = "check"
 OP_PREFETCH = "prefetch"  # an L3 prefetch handed back (or aborted) into the tree
+OP_STORE = "store"  # host -> L3: starts a ``store`` transfer (in poll, once its chain is on host)
 OPS = (OP_MATCH, OP_INSERT, OP_LOCK, OP_UNLOCK, OP_RELEASE_SWA, OP_ALLOC, OP_FREE, OP_EVICT,
-       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_TRANSFER, OP_PREFETCH)
+       OP_EVICT_HOST, OP_BACKUP, OP_LOAD_BACK, OP_TRANSFER, OP_PREFETCH, OP_STORE)
 
 # ---- mutation kinds --------------------------------------------------------------------------
 NODE_CREATE = "node.create"

@@ -211,9 +211,12 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         if transfer_ids is not None:
             transfer_ids = self._check_poll_ids(transfer_ids)
         out = [TransferId(t, self.instance) for t in self._poll(transfer_ids, wait)]
-        if self.storage is not None and transfer_ids is None and self._writer is not None:
-            out += [TransferId(t, self.instance) for t in self._ack_stores(wait)]
-            self._poll_prefetch()
+        if self.storage is not None and self._writer is not None:
+            self._start_wanted_stores()
+            if transfer_ids is None:
+                out += [TransferId(t, self.instance) for t in self._ack_stores(wait)]
+                self._poll_prefetch()
+                self._start_wanted_stores()  # what the hand-backs asked for
         return out
 
     def admission(self, match: MatchResult, extend_len: int, chunk_tokens: int | None = None):

@@ -158,21 +158,23 @@ class StoragePrefetch(CacheCore):
         deepest = self._adopt(anchor, run, res) if res.tokens else anchor
         if run.receipt is not None:
             self.release(self.locks[run.receipt])
+        hit = self.tree.prefix_len(deepest) - run.start_len  # what the tree holds past the anchor
         self._pf_done[res.req_id] = PrefetchState(
-            res.req_id, "done", run.asked, res.tokens, res.tokens, res.reason, run.started_ns,
+            res.req_id, "done", run.asked, res.tokens, hit, res.reason, run.started_ns,
             run.anchor, run.start_len, res.seconds)
         while len(self._pf_done) > DONE_KEPT:
             self._pf_done.popitem(last=False)
         if res.tokens and deepest.data[0].values[STORAGE] is None \
                 and self.storage.write_policy != "write_back":
-            self._store_chain(deepest)  # the anchor's chain was not stored: write it now
+            self._store_wanted[deepest.id] = None  # the anchor's chain was not stored: write it
         return {ev.A_PREFETCH_REASON: res.reason, ev.A_PREFETCH_ASKED: res.asked_tokens,
-                ev.A_PREFETCH_HIT: res.tokens, ev.A_PREFETCH_FOUND: res.hit_tokens,
+                ev.A_PREFETCH_HIT: hit, ev.A_PREFETCH_FOUND: res.hit_tokens,
                 ev.A_PREFETCH_SECONDS: res.seconds, ev.A_NODE: deepest.id}
 
     def _adopt(self, anchor: Node, run: _Running, res: PrefetchResult) -> Node:
         """Turn a result's slots into host-only nodes under ``anchor``; free what the tree
-        already holds. Returns the node ending at the hit."""
+        already holds (and, under write-through, what cannot hang under a node that found no
+        host room for its backup). Returns the deepest node of the hit in the tree."""
         ps, total = self.page_size, res.tokens
         toks = run.tokens[:total]
         full = res.full_slots
@@ -188,6 +190,12 @@ class StoragePrefetch(CacheCore):
                 child = self.split(child, k)
             drop.append((0, full[off:off + k]))
             node, off = child, off + k
+        if (off < total and node.parent is not None and node.data[0].values[HOST] is None
+                and self.config.write_policy != "write_back" and self._backup(node) is None):
+            # host copies are prefix-closed under write-through: the new host-only nodes need
+            # their parent on host; with no host room for its backup they cannot hang there
+            drop.append((0, full[off:total]))
+            total = off
         new_tokens = total - off
         si, mi = self.ci.get(WINDOW), self.ci.get(STATE)
         swa = aux.get(WINDOW)

@@ -111,6 +111,7 @@ class StorageWrites(CacheCore):
         self._group = group
         self._writer = StoreWriter(setup.backend)
         self._writes = WriteCounters()
+        self._store_wanted: dict[int, None] = {}  # nodes whose chain waits to be stored
 
     def storage_close(self, timeout: float = 10.0) -> None:
         """Stop the prefetch worker (aborting what runs) and the store writer, acking what it
@@ -166,7 +167,32 @@ class StorageWrites(CacheCore):
             while node.parent is not None and node.hit_count < self.storage.write_threshold:
                 node = node.parent
         if node.parent is not None:
-            self._store_chain(node)
+            self._store_wanted[node.id] = None
+
+    def _start_wanted_stores(self) -> list[int]:
+        """Start the stores asked for (at backup acks, hand-backs) whose whole path has landed
+        on host: a node whose backup is still in flight has host slots its copy has not
+        written yet (a subset poll may ack a child's backup before its parent's), so a chain
+        through it waits. Each start is one ``store`` op record. Returns the transfer ids."""
+        if not self._store_wanted:
+            return []
+        busy = {nid for tid, t in self.transfers.items() if t.kind == "backup"
+                for nid in self.transfer_nodes[tid]}
+        out = []
+        for nid in list(self._store_wanted):
+            node = self.tree.nodes.get(nid)
+            path = [] if node is None else self.tree.path_to_root(node)
+            if any(n.id in busy for n in path):
+                continue
+            del self._store_wanted[nid]
+            if node is None:
+                continue
+            tok, t0 = self._begin(), time.time_ns()
+            tid = self._store_chain(node)
+            self._end_op(tok, ev.OP_STORE, None, {ev.A_NODE: nid, ev.A_TRANSFER: tid}, t0)
+            if tid is not None:
+                out.append(tid)
+        return out
 
     def _storing(self) -> set[int]:
         return {nid for tid in self.store_transfers for nid in self.transfer_nodes[tid]}

@@ -292,3 +292,56 @@ def test_prefetch_config_reaches_the_controller(tmp_path):
     assert c.prefetcher.config is pf and c.storage.prefetch is pf
     assert isinstance(c.host_pools[0].buf, torch.Tensor)
     c.close()
+
+
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_a_store_never_reads_host_slots_a_backup_has_not_written(tmp_path, components):
+    """Regression (found by the three-tier fuzzer): a poll of a subset acked a child's backup
+    before its parent's; the store of the chain then read the parent's host slots before its
+    copy ran and L3 got garbage under the parent's page hashes. Stores now wait until every
+    node of the chain is on host."""
+    c = storage_cache(tmp_path, components, 1)
+    d = Driver(c)
+    toks = _toks(16)
+    (t1,) = d.insert(toks[:8]).backups
+    (t2,) = d.insert(toks).backups
+    assert c.poll([t2]) == [t2]   # the child's copy lands first; the parent's is still queued
+    assert not c.store_transfers  # so no store reads the parent's unwritten host slots
+    assert c.poll([t1]) == [t1]
+    c.poll(wait=True)
+    c.check()
+    assert stored_nodes(c) == sorted(n for n in c.tree.nodes if n)
+    evict_everything(c)
+    assert round_trip(c, toks) == 16  # bit for bit: what L3 holds is what was written
+    c.close()
+
+
+def test_hand_back_under_a_device_only_anchor_keeps_host_copies_prefix_closed(tmp_path):
+    """Regression (found by the three-tier fuzzer): a prefetch anchored on a node that was
+    never backed up (write_through_selective below its threshold) hung host-only nodes under a
+    parent with no host copy (full.host_prefix_closed). The hand-back now backs the anchor's
+    chain up first (or, with no host room, frees what cannot hang there)."""
+    toks = _toks(16)
+    a = storage_cache(tmp_path, ("full",), 4)
+    Driver(a).insert(toks)
+    a.poll(wait=True)
+    a.close()
+    cfg = make_config(("full",), page_size=4, write_policy="write_through_selective",
+                      write_through_threshold=100)
+    pf = PrefetchConfig(policy="wait_complete", threshold_tokens=4)
+    c = HiRadixCache(cfg, storage=StorageSetup(FileBackend(tmp_path / "l3"), prefetch=pf))
+    Driver(c).insert(toks[:4])
+    c.poll(wait=True)
+    (n,) = [x for x in c.tree.nodes.values() if x.parent is not None]
+    assert n.data[0].values[Tier.HOST] is None  # device only
+    assert c.match_prefix(toks, req_id="r", prefetch=True).prefetch_status == "started"
+    wait_prefetch(c, "r")  # check() after every poll: host copies stay prefix-closed
+    assert n.data[0].values[Tier.HOST] is not None  # backed up by the hand-back
+    assert c.prefetch_state("r").hit_tokens == 12
+    m = c.match_prefix(toks, req_id="r", prefetch=True)
+    assert (m.device_prefix_len, m.host_hit_length, m.storage_hit_length) == (4, 12, 12)
+    lb = c.load_back(m)
+    c.poll(wait=True)
+    Driver(c).verify_device_prefix(toks, lb.anchor)
+    c.check()
+    c.close()

@@ -4,13 +4,16 @@ and the journal replayed onto the first snapshot equal to the live snapshot.
 
 Two profiles (see README.md, "Testing"): CI (seeded, this file under a minute on one core) and
 long (``RADIXSCOPE_FUZZ=long``: random seeds, ``RADIXSCOPE_FUZZ_OPS`` operations in all, the
-configs split across processes with ``RADIXSCOPE_FUZZ_SHARD=i/n``)."""
+configs split across processes with ``RADIXSCOPE_FUZZ_SHARD=i/n``). Both cover the three-tier
+configs (a file backend, clean or faulty) beside the two-tier ones."""
 
 from __future__ import annotations
 
 import os
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,7 +210,28 @@ def test_fuzz_ci_profile(components, page_size, policy):
     assert stats.ops == CI_OPS
 
 
-CONFIGS = [(c, p, pol) for c in COMBOS for p in (1, 4) for pol in POLICIES]
+L3_FAULTS = {"clean": None,
+             "faulty": {"failure_rate": 0.05, "timeout_rate": 0.05, "torn_rate": 0.05,
+                        "stale_exists_rate": 0.1, "get_failure_rate": 0.05}}
+
+
+@pytest.mark.parametrize("faults", list(L3_FAULTS))
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_fuzz_ci_profile_three_tiers(components, page_size, faults, tmp_path):
+    """Three tiers (a file backend in tmp_path, optionally faulty): store / prefetch / abort /
+    poll ops among the others, check() after every step, device content verified after every
+    storage -> host -> device round trip. Seeded op sequence (thread timing varies)."""
+    stats = fuzz(components, page_size, "write_through", seed=5, ops=CI_OPS // 2,
+                 storage=tmp_path, faults=L3_FAULTS[faults])
+    assert (stats.violations, stats.mismatches) == (0, 0), stats.first_failure
+    assert stats.per_op.get("l3_round_trip", 0) > 0
+    if faults == "clean":
+        assert stats.per_op.get("l3_verified_tokens", 0) > 0  # something came back from L3
+
+
+CONFIGS = [(c, p, pol, l3) for c in COMBOS for p in (1, 4) for pol in POLICIES
+           for l3 in (None, *L3_FAULTS)]
 
 
 def _shard() -> list:
@@ -226,14 +250,16 @@ def test_fuzz_long_profile(capsys):
     rng = random.Random()
     t0 = time.time()
     while total.ops < budget:
-        comps, page, pol = configs[runs % len(configs)]
+        comps, page, pol, l3 = configs[runs % len(configs)]
         seed = rng.randrange(2**32)
-        st_ = fuzz(comps, page, pol, seed, min(chunk, budget - total.ops))
+        with tempfile.TemporaryDirectory() as d:
+            st_ = fuzz(comps, page, pol, seed, min(chunk, budget - total.ops),
+                       storage=None if l3 is None else Path(d), faults=L3_FAULTS.get(l3))
         if st_.first_failure and not total.first_failure:
-            st_.first_failure = f"{'+'.join(comps)} p{page} {pol} seed {seed}: " \
+            st_.first_failure = f"{'+'.join(comps)} p{page} {pol} l3={l3} seed {seed}: " \
                                 f"{st_.first_failure}"
         total.add(st_)
-        seen.add((comps, page, pol))
+        seen.add((comps, page, pol, l3))
         runs += 1
     dt = time.time() - t0
     with capsys.disabled():

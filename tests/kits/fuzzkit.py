@@ -3,7 +3,11 @@ verified for every slot ``match_prefix`` returns at the moment it returns and fo
 copy-on-write; handles from a second cache; frees of tree slots; ``check()`` after every op.
 
 ``fuzz(components, page_size, policy, seed, ops)`` returns a ``FuzzStats``; any invariant
-violation or content mismatch is counted (and the first one kept as text)."""
+violation or content mismatch is counted (and the first one kept as text).
+
+With ``storage=DIR`` the cache has a third tier (a file backend in DIR, optionally wrapped in a
+``FaultyBackend`` with ``faults``) and the ops include L3 prefetch / abort / full polls and a
+storage -> host -> device round trip whose device content is verified bit for bit."""
 
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+import time
+from pathlib import Path
+
 from radixscope.cache import CacheOutOfMemory, HiRadixCache, InvariantViolation
+from radixscope.cache.storage import FaultyBackend, FileBackend, PrefetchConfig, StorageSetup
 from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver, kv_for, make_config, state_for
 
@@ -45,10 +53,25 @@ def _cfg(components, page: int, policy: str):
                        mamba_max_states_per_path=3)
 
 
+def _storage(root: Path, page: int, seed: int, faults: dict | None) -> StorageSetup:
+    rng = random.Random(seed)
+    backend = FileBackend(Path(root) / "l3", max_bytes=rng.choice([None, 64 << 10]))
+    if faults:
+        backend = FaultyBackend(backend, seed=seed, **faults)
+    pf = PrefetchConfig(policy=rng.choice(["best_effort", "wait_complete", "timeout"]),
+                        threshold_tokens=page, batch_pages=2, timeout_base_s=0.01,
+                        timeout_per_ki_token_s=0.0, max_host_share=0.5)
+    return StorageSetup(backend, write_policy=rng.choice(
+        ["write_through", "write_through_selective", "write_back"]), write_threshold=2,
+        prefetch=pf)
+
+
 class Fuzzer:
-    def __init__(self, components, page: int, policy: str, seed: int) -> None:
+    def __init__(self, components, page: int, policy: str, seed: int,
+                 storage: Path | None = None, faults: dict | None = None) -> None:
         self.rng = random.Random(seed)
-        self.c = HiRadixCache(_cfg(components, page, policy))
+        self.c = HiRadixCache(_cfg(components, page, policy), storage=None if storage is None
+                              else _storage(storage, page, seed, faults))
         self.other = HiRadixCache(_cfg(components, page, policy))
         Driver(self.other).insert([0] * page)
         self.foreign_match = self.other.match_prefix([0] * page)
@@ -59,12 +82,16 @@ class Fuzzer:
         self.held: list[tuple[str, torch.Tensor]] = []
         self.cow_checks: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.stats = FuzzStats()
+        self.inserted: list[list[int]] = []  # keys inserted whole (their ends hold states)
         self.ops = [self.insert, self.insert, self.match, self.match_cow, self.lock, self.unlock,
                     self.alloc, self.free, self.evict, self.evict_host, self.backup,
                     self.load_back, self.load_back, self.poll_some, self.poll_some,
                     self.poll_dup, self.foreign, self.free_tree_slots]
         if "swa" in components:
             self.ops.append(self.release_swa)
+        if storage is not None:
+            self.ops += [self.prefetch, self.prefetch, self.abort_prefetch, self.poll_all,
+                         self.poll_all, self.l3_round_trip]
 
     # ---- helpers -------------------------------------------------------------------------
     def key(self) -> list[int]:
@@ -92,10 +119,12 @@ class Fuzzer:
 
     # ---- operations ----------------------------------------------------------------------
     def insert(self) -> None:
+        key = self.key()
         try:
-            self.d.insert(self.key(), req_id="r")
+            self.d.insert(key, req_id="r")
         except CacheOutOfMemory:
-            pass
+            return
+        self.inserted.append(key)
 
     def match(self, cow: bool = False) -> None:
         key = self.key()
@@ -218,8 +247,76 @@ class Fuzzer:
             v = self.rng.choice(nodes).data[0].values[Tier.DEVICE].clone()
             self._refused(lambda: self.c.free(v), "owned by the tree")
 
+    # ---- L3 ------------------------------------------------------------------------------
+    def _req(self) -> str:
+        return f"p{self.rng.randrange(4)}"
+
+    def prefetch(self) -> None:
+        key = self.key()
+        try:
+            m = self.c.match_prefix(key, req_id=self._req(), prefetch=True)
+        except CacheOutOfMemory:
+            return
+        self.verify_match(key, m)
+
+    def abort_prefetch(self) -> None:
+        self.c.abort_prefetch(self._req())
+
+    def poll_all(self) -> None:
+        self.c.poll(wait=self.rng.random() < 0.3)
+        self._check_cows()
+
+    def l3_round_trip(self) -> None:
+        """Prefetch a key to the end, load it back, verify the device content of the whole
+        loaded prefix (whatever came from L3, host or device)."""
+        key, req = self.key(), "rt"
+        if self.inserted and self.rng.random() < 0.7:  # a whole inserted key: its end has a state
+            key = self.rng.choice(self.inserted[-8:])
+        self.c.abort_prefetch(req)
+        if self.rng.random() < 0.7:  # drop what device and host hold, so L3 has to serve it
+            self.c.poll(wait=True)
+            for comp in reversed(self.comps):
+                self.c.evict(10**6, component=comp)
+            for comp in reversed(self.comps):
+                self.c.evict_host(10**6, component=comp)
+            self.c.check()
+        try:
+            self.c.match_prefix(key, req_id=req, prefetch=True)
+        except CacheOutOfMemory:
+            return
+        deadline = time.monotonic() + 10
+        while (st := self.c.prefetch_state(req)) is not None and st.status == "ongoing":
+            assert time.monotonic() < deadline, "prefetch never handed back"
+            self.c.poll()
+            self.c.check()
+            time.sleep(0.001)
+        m = self.c.match_prefix(key, req_id=req, prefetch=True)
+        self.verify_match(key, m)
+        if not m.needs_load_back:
+            return
+        try:
+            lb = self.c.load_back(m)
+        except CacheOutOfMemory:
+            return
+        self.c.poll(wait=True)
+        self._check_cows()
+        self.stats.positions += self.d.verify_device_prefix(key, lb.anchor)
+        self.stats.per_op["l3_verified_tokens"] = (self.stats.per_op.get(
+            "l3_verified_tokens", 0) + m.storage_hit_length)
+        self.c.abort_prefetch(req)
+
     # ---- driver --------------------------------------------------------------------------
     def run(self, ops: int) -> FuzzStats:
+        try:
+            return self._run(ops)
+        except AssertionError as e:  # verify_device_prefix raises a plain AssertionError
+            self.stats.mismatches += 1
+            self.stats.first_failure = self.stats.first_failure or str(e)
+            return self.stats
+        finally:
+            self.c.close()
+
+    def _run(self, ops: int) -> FuzzStats:
         st = self.stats
         for _ in range(ops):
             op = self.rng.choice(self.ops)
@@ -243,5 +340,6 @@ class Fuzzer:
         return st
 
 
-def fuzz(components, page: int, policy: str, seed: int, ops: int) -> FuzzStats:
-    return Fuzzer(components, page, policy, seed).run(ops)
+def fuzz(components, page: int, policy: str, seed: int, ops: int, storage: Path | None = None,
+         faults: dict | None = None) -> FuzzStats:
+    return Fuzzer(components, page, policy, seed, storage, faults).run(ops)
