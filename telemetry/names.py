@@ -31,6 +31,7 @@ SPAN_EVICT_HOST = "kv_cache.evict_host"
 SPAN_BACKUP = "kv_cache.backup"
 SPAN_LOAD_BACK = "kv_cache.load_back"
 SPAN_PREFETCH = "kv_cache.prefetch"
+SPAN_STORE = "kv_cache.store"  # starts a host -> L3 store transfer
 SPAN_CHECK = "kv_cache.check"
 SPAN_TRANSFER = "kv_cache.transfer"  # asynchronous copy, linked to the op that enqueued it
 SPAN_OTHER = "kv_cache.other"  # an op name this version does not know
@@ -49,6 +50,7 @@ SPAN_NAMES: dict[str, str] = {
     ev.OP_UNLOCK: SPAN_UNLOCK, ev.OP_RELEASE_SWA: SPAN_RELEASE_SWA, ev.OP_ALLOC: SPAN_ALLOC,
     ev.OP_FREE: SPAN_FREE, ev.OP_EVICT: SPAN_EVICT, ev.OP_EVICT_HOST: SPAN_EVICT_HOST,
     ev.OP_BACKUP: SPAN_BACKUP, ev.OP_LOAD_BACK: SPAN_LOAD_BACK, "prefetch": SPAN_PREFETCH,
+    "store": SPAN_STORE,
     ev.OP_CHECK: SPAN_CHECK, ev.OP_TRANSFER: SPAN_TRANSFER,
 }
 
