@@ -22,6 +22,7 @@ from radixscope.cache.guards import Guards
 from radixscope.cache.insertion import Insertion
 from radixscope.cache.invariants import Invariants
 from radixscope.cache.keys import ceil_paged
+from radixscope.cache.l3_checks import StorageInvariants
 from radixscope.cache.l3_prefetch import StoragePrefetch
 from radixscope.cache.l3_writes import StorageWrites
 from radixscope.cache.locks import Locks
@@ -43,7 +44,7 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefetch,
-                   StorageWrites, Guards, Admitting, Invariants, CacheCore):
+                   StorageWrites, StorageInvariants, Guards, Admitting, Invariants, CacheCore):
     """A hierarchical radix prefix cache (device / host / L3 storage tiers) with pluggable
     components.
 

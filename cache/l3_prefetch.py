@@ -16,14 +16,13 @@ from __future__ import annotations
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import STATE, WINDOW
-from radixscope.cache.errors import InvariantViolation
-from radixscope.cache.results import MatchResult
+from radixscope.cache.results import MatchResult, StorageMatchResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.storage import prefetch_events as pe
 from radixscope.cache.storage.prefetch_op import PrefetchResult
@@ -61,14 +60,18 @@ class StoragePrefetch(CacheCore):
         m = self._match(tokens, extra_key, cow)
         run = self._pf.get(req_id)
         if run is not None:
-            return replace(m, prefetch_status="ongoing", prefetch_tokens=run.asked)
+            return StorageMatchResult.of(m, "ongoing", run.asked)
         done = self._pf_done.get(req_id)
         if done is not None:
             lo = max(done.start_len, m.device_prefix_len)
             hi = min(done.start_len + done.hit_tokens, m.best_prefix_len)
-            return replace(m, prefetch_status="done", prefetch_tokens=done.asked_tokens,
-                           storage_hit_length=max(0, hi - lo))
+            return StorageMatchResult.of(m, "done", done.asked_tokens, max(0, hi - lo))
         anchor = self.tree.nodes[m.best_match_node]
+        setup = self.storage
+        if (setup.write_policy == "write_through_selective" and anchor.parent is not None
+                and anchor.hit_count >= setup.write_threshold
+                and anchor.data[0].values[STORAGE] is None):
+            self._store_wanted[anchor.id] = None  # it got hot after its backup: store it now
         start = self.tree.prefix_len(anchor)
         rest = tokens[start:m.key_len]
         hashes = self._hashes_after(anchor, rest, extra_key)
@@ -81,10 +84,10 @@ class StoragePrefetch(CacheCore):
         if not r.started:
             if rid is not None:
                 self.release(self.locks[rid])
-            return replace(m, prefetch_status=r.reason, prefetch_tokens=r.tokens)
+            return StorageMatchResult.of(m, r.reason, r.tokens)
         self._pf[req_id] = _Running(req_id, anchor.id, rid, start, rest[:r.tokens], extra_key,
                                     r.tokens, time.time_ns())
-        return replace(m, prefetch_status="started", prefetch_tokens=r.tokens)
+        return StorageMatchResult.of(m, "started", r.tokens)
 
     # ---- queries -----------------------------------------------------------------------------
     def prefetch_state(self, req_id: str) -> PrefetchState | None:
@@ -237,35 +240,6 @@ class StoragePrefetch(CacheCore):
     def _adopt_value(self, node: Node, ci: int, slots: torch.Tensor) -> None:
         self.set_value(node, ci, HOST, slots.clone())
         self.request_held[ci][HOST] -= slots.numel()
-
-    # ---- check -------------------------------------------------------------------------------
-    def _check_prefetch(self, v: list) -> None:
-        try:
-            self.prefetcher.check()
-        except InvariantViolation as e:
-            v.extend(e.violations)
-        held = {c.name: 0 for c in self.comps}
-        for op in self.prefetcher._live():
-            for key, slots in op.held().items():
-                name = self.comps[0].name if key.startswith("__") else key
-                held[name] += slots.numel()
-        for c in self.comps:
-            if held[c.name] != self.request_held[c.index][HOST]:
-                v.append((f"{c.name}.host.prefetch_held", None,
-                          f"prefetches hold {held[c.name]} host slots, ledger "
-                          f"{self.request_held[c.index][HOST]}"))
-        for req_id, run in self._pf.items():
-            if not self.prefetcher.ongoing(req_id):
-                v.append(("prefetch.stranded", run.anchor, f"{req_id} not running in the "
-                          "controller"))
-            if run.receipt is not None and run.receipt not in self.locks:
-                v.append(("prefetch.unpinned", run.anchor, f"{req_id} lost its anchor pin"))
-        for rid, e in self.locks.items():
-            if isinstance(e.owner, str) and e.owner.startswith(PREFETCH_OWNER):
-                run = self._pf.get(e.owner[len(PREFETCH_OWNER):])
-                if run is None or run.receipt != rid:
-                    v.append(("prefetch.leaked_pin", e.anchor, f"lock {rid} held for "
-                              f"{e.owner}, which is not running"))
 
 
 __all__ = ["DONE_KEPT", "PREFETCH_OWNER", "StoragePrefetch"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -70,9 +70,11 @@ class MatchResult:
     extra_key: object = None
     mamba_slot: torch.Tensor | None = None
     cache_instance: int = 0
-    prefetch_status: str = "off"
-    prefetch_tokens: int = 0
-    storage_hit_length: int = 0
+    # L3 (fields of ``StorageMatchResult``): plain class attributes here, so a match without
+    # a storage tier builds nothing more than before
+    prefetch_status = "off"
+    prefetch_tokens = 0
+    storage_hit_length = 0
 
     @property
     def needs_load_back(self) -> bool:
@@ -83,6 +85,21 @@ class MatchResult:
     def best_prefix_len(self) -> int:
         """Tokens usable after a load-back: device prefix plus host hits."""
         return self.device_prefix_len + self.host_hit_length
+
+
+@dataclass(frozen=True)
+class StorageMatchResult(MatchResult):
+    """A ``MatchResult`` of ``match_prefix(..., prefetch=True)`` on a cache with storage: the
+    same fields plus the prefetch's (see ``MatchResult``)."""
+
+    prefetch_status: str = "off"
+    prefetch_tokens: int = 0
+    storage_hit_length: int = 0
+
+    @classmethod
+    def of(cls, m: MatchResult, status: str, tokens: int, hit: int = 0) -> StorageMatchResult:
+        return cls(**{f.name: getattr(m, f.name) for f in fields(MatchResult)},
+                   prefetch_status=status, prefetch_tokens=tokens, storage_hit_length=hit)
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,12 @@ from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
 from tests.kits.l3kit import (
     evict_everything,
+    load_and_verify,
     round_trip,
     storage_cache,
     stored_nodes,
     wait_prefetch,
+    write_store,
 )
 from tests.kits.prefetchkit import Gate
 
@@ -74,10 +76,7 @@ def test_second_cache_on_the_same_store_hits_what_the_first_wrote(tmp_path):
     assert (st.status, st.hit_tokens, st.reason) == ("done", 24, "complete")
     m = b.match_prefix(toks, req_id="r", prefetch=True)
     assert (m.host_hit_length, m.storage_hit_length) == (24, 24)
-    lb = b.load_back(m)
-    b.poll(wait=True)
-    Driver(b).verify_device_prefix(toks, lb.anchor)
-    b.check()
+    load_and_verify(b, m, toks)
     b.close()
 
 
@@ -142,10 +141,7 @@ def test_write_policies(tmp_path):
 
 def test_pages_put_in_the_tree_meanwhile_are_freed_not_duplicated(tmp_path):
     toks = _toks(16)
-    a = storage_cache(tmp_path, ("full", "swa", "mamba"), 1)
-    Driver(a).insert(toks)
-    a.poll(wait=True)
-    a.close()
+    write_store(tmp_path, toks, ("full", "swa", "mamba"), 1)
     gate = Gate(FileBackend(tmp_path / "l3"), lambda n, keys: True)
     c = storage_cache(tmp_path, ("full", "swa", "mamba"), 1, backend=gate)
     m = c.match_prefix(toks, req_id="r", prefetch=True)
@@ -165,19 +161,13 @@ def test_pages_put_in_the_tree_meanwhile_are_freed_not_duplicated(tmp_path):
     assert (m.device_prefix_len, m.host_hit_length, m.storage_hit_length) == (10, 6, 6)
     assert sum(len(n.key) for n in c.tree.nodes.values()) == 16  # no duplicate path
     assert c.prefetch_host_slots() == {"full": 0, "swa": 0, "mamba": 0}
-    lb = c.load_back(m)
-    c.poll(wait=True)
-    Driver(c).verify_device_prefix(toks, lb.anchor)
-    c.check()
+    load_and_verify(c, m, toks)
     c.close()
 
 
 def test_abort_releases_everything(tmp_path):
     toks = _toks(16)
-    a = storage_cache(tmp_path, ("full", "swa"), 1)
-    Driver(a).insert(toks)
-    a.poll(wait=True)
-    a.close()
+    write_store(tmp_path, toks, ("full", "swa"), 1)
     gate = Gate(FileBackend(tmp_path / "l3"), lambda n, keys: True)
     c = storage_cache(tmp_path, ("full", "swa"), 1, backend=gate)
     Driver(c).insert(toks[:4])
@@ -340,8 +330,24 @@ def test_hand_back_under_a_device_only_anchor_keeps_host_copies_prefix_closed(tm
     assert c.prefetch_state("r").hit_tokens == 12
     m = c.match_prefix(toks, req_id="r", prefetch=True)
     assert (m.device_prefix_len, m.host_hit_length, m.storage_hit_length) == (4, 12, 12)
-    lb = c.load_back(m)
+    load_and_verify(c, m, toks)
+    c.close()
+
+
+def test_selective_writes_a_node_once_it_gets_hot(tmp_path):
+    be = FileBackend(tmp_path / "l3")
+    c = HiRadixCache(make_config(("full",), host_tokens=64),
+                     storage=StorageSetup(be, write_policy="write_through_selective",
+                                          write_threshold=3))
+    toks = _toks(16)
+    Driver(c).insert(toks)
     c.poll(wait=True)
-    Driver(c).verify_device_prefix(toks, lb.anchor)
+    assert stored_nodes(c) == []  # not hot yet
+    hits = []
+    for i in range(3):
+        c.match_prefix(toks, req_id=f"r{i}", prefetch=True)
+        c.poll(wait=True)
+        hits.append((c.tree.nodes[1].hit_count, stored_nodes(c)))
+    assert hits == [(2, []), (3, [1]), (4, [1])]  # written the poll after its 3rd hit
     c.check()
     c.close()

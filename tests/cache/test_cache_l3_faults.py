@@ -11,7 +11,13 @@ import pytest
 from radixscope.cache.storage import FaultyBackend, FileBackend, RedisBackend
 from radixscope.cache.tiers import Tier
 from tests.kits.cachekit import Driver
-from tests.kits.l3kit import storage_cache, stored_nodes, wait_prefetch
+from tests.kits.l3kit import (
+    load_and_verify,
+    storage_cache,
+    stored_nodes,
+    wait_prefetch,
+    write_store,
+)
 from tests.kits.prefetchkit import Gate
 from tests.kits.storagekit import redis_server  # noqa: F401 -- fixture
 
@@ -27,11 +33,7 @@ def _no_l3_pins(c) -> bool:
 
 
 def _write(root, toks, comps=HYBRID, backend=None) -> None:
-    a = storage_cache(root, comps, 1, backend=backend)
-    Driver(a).insert(toks)
-    a.poll(wait=True)
-    a.check()
-    a.close()
+    write_store(root, toks, comps, 1, backend)
 
 
 def _proceeds(c, toks, want_l3: int, req: str = "r") -> None:
@@ -42,10 +44,7 @@ def _proceeds(c, toks, want_l3: int, req: str = "r") -> None:
     assert _no_l3_pins(c)
     m = c.match_prefix(toks, req_id=req, prefetch=True)
     assert m.prefetch_status == "done" and m.storage_hit_length == want_l3, m
-    lb = c.load_back(m)
-    c.poll(wait=True)
-    Driver(c).verify_device_prefix(toks, lb.anchor)
-    c.check()
+    load_and_verify(c, m, toks)
 
 
 # ---- seed bug class 5 ----------------------------------------------------------------------
@@ -167,4 +166,30 @@ def test_redis_restarted_mid_run(redis_server):  # noqa: F811
     c.evict(100)
     c.evict_host(100)
     _proceeds(c, again, 12, req="back")
+    c.close()
+
+
+def test_backend_restarted_and_emptied_mid_run(tmp_path):
+    """The fault wrapper's restart: down for a few calls (errors), then back without its data."""
+    toks = _toks(12)
+    be = FaultyBackend(FileBackend(tmp_path / "l3"), seed=2)
+    c = storage_cache(tmp_path, HYBRID, 1, backend=be)
+    Driver(c).insert(toks)
+    c.poll(wait=True)
+    assert stored_nodes(c)
+    be.restart(down_calls=2, lose_data=True)
+    Driver(c).insert(_toks(12, base=500))  # its store hits the down backend
+    c.poll(wait=True)
+    c.check()
+    assert c.storage_stats().writes.pages_failed.get("error", 0) > 0 and _no_l3_pins(c)
+    c.evict(100)
+    c.evict_host(100)
+    c.check()
+    _proceeds(c, toks, 0)  # what was stored before the restart is gone: the request recomputes
+    again = _toks(12, base=900)
+    Driver(c).insert(again)  # the backend is back: writes land again
+    c.poll(wait=True)
+    end = c.match_prefix(again).last_device_node
+    assert c.tree.nodes[end].data[0].values[Tier.STORAGE] is not None
+    assert be.injected["down"] == 2
     c.close()

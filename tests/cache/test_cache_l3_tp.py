@@ -6,17 +6,16 @@ store acks are agreed too), content verified after the round trip, no hang (boun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from tests.kits.storagekit import free_port
+from tests.kits.storagekit import run_two_ranks
 
 SCENARIOS = {  # name -> (policy, components, {rank: FaultyBackend kwargs})
     "wait_complete_slow_rank1": ("wait_complete", ("full", "swa", "mamba"), {1: {"delay": 0.02}}),
-    "best_effort_slow_rank0": ("best_effort", ("full", "swa"), {0: {"delay": 0.03}}),
+    "timeout_hybrid_slow_rank0": ("timeout", ("full", "swa"), {0: {"delay": 0.02}}),
+    "best_effort_slow_rank0": ("best_effort", ("full",), {0: {"delay": 0.03}}),
     "timeout_rank1_faulty": ("timeout", ("full", "mamba"),
                              {1: {"delay": 0.01, "failure_rate": 0.3}}),
 }
@@ -85,22 +84,7 @@ def _rank_main(rank: int, port: int, root: str, out: str) -> None:
 
 
 def test_two_ranks_same_decisions_same_trees_no_hang(tmp_path: Path) -> None:
-    port = free_port()
-    root = Path(__file__).resolve().parents[2]
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", "from tests.cache.test_cache_l3_tp import _rank_main; "
-         f"_rank_main({r}, {port}, {str(tmp_path)!r}, {str(tmp_path / f'rank{r}.json')!r})"],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0].decode())
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    logs = run_two_ranks("tests.cache.test_cache_l3_tp", tmp_path)
     for a, b in zip(*logs, strict=True):
         ra, rb = a.pop("reason"), b.pop("reason")  # why: each rank's own view of the failure
         assert a == b, (a["name"], a, b)  # same decisions, same step, same trees

@@ -5,13 +5,11 @@ both ranks, and no hang (each run bounded)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from tests.kits.storagekit import free_port
+from tests.kits.storagekit import run_two_ranks
 
 SCENARIOS = {  # name -> (policy, pools, {rank: FaultyBackend kwargs}, {rank: stored pages})
     "wait_complete_slow_rank1": ("wait_complete", ("swa", "mamba"), {1: {"delay": 0.02}}, {}),
@@ -63,23 +61,7 @@ def _rank_main(rank: int, port: int, root: str, out: str) -> None:
 
 
 def test_two_ranks_agree_and_never_hang(tmp_path: Path) -> None:
-    port = free_port()
-    root = Path(__file__).resolve().parents[2]
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tests.cache.test_cache_storage_prefetch_tp "
-         f"import _rank_main; _rank_main({r}, {port}, {str(tmp_path)!r}, "
-         f"{str(tmp_path / f'rank{r}.json')!r})"],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0].decode())
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    logs = run_two_ranks("tests.cache.test_cache_storage_prefetch_tp", tmp_path)
     for a, b in zip(*logs, strict=True):
         assert a == b, (a, b)  # same starts, same poll step, same tokens, same collective counts
     by = {e["name"]: e for e in logs[0]}

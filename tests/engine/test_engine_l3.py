@@ -83,3 +83,56 @@ def test_two_engine_processes_share_one_redis(redis_server):  # noqa: F811
     assert concurrent, "the first engine had finished before the second started"
     assert _storage_pct(out2) > 0, out2  # the second process hit what the first wrote
     assert "no mismatch" in out2 and "pages written" in out1
+
+
+def _l3_engine(tmp_path, reqs, backend=None):
+    from radixscope.cache import CacheConfig, HiRadixCache
+    from radixscope.cache.storage import FileBackend, PrefetchConfig, StorageSetup
+    from radixscope.engine.engine import Engine, EngineConfig
+    from radixscope.engine.instrument import CountingRecorder, TimedCache
+
+    cfg = CacheConfig.preset("full", device_tokens=64, host_tokens=128)
+    setup = StorageSetup(backend or FileBackend(tmp_path / "l3"),
+                         prefetch=PrefetchConfig(policy="wait_complete", threshold_tokens=16))
+    counter = CountingRecorder()
+    cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=setup), counter)
+    return Engine(cache, reqs, EngineConfig(chunk_tokens=16, prefill_budget=32, max_running=2,
+                                            check_invariants=True))
+
+
+def test_no_admission_while_prefetching_and_abort_on_leave(tmp_path):
+    from radixscope.cache.storage import FileBackend
+    from radixscope.engine.request import RequestSpec
+    from radixscope.engine.workloads.base import Tokens
+    from tests.kits.prefetchkit import Gate
+
+    tok = Tokens(7)
+    a, x = tok.ids(44), tok.ids(14)
+    first = _l3_engine(tmp_path, [RequestSpec("A", a, 40)])
+    first.run()
+    first.cache.cache.close()
+    gate = Gate(FileBackend(tmp_path / "l3"), lambda n, keys: True)
+    e = _l3_engine(tmp_path, [RequestSpec("A2", a, 40), RequestSpec("X", x, 12)], gate)
+    seen = []
+
+    def watch(engine):
+        seen.append((engine.step_no, [s.rid for s in engine.waiting],
+                     [s.rid for s in engine.running + engine.done]))
+        if engine.step_no == 6:
+            gate.release()
+    e.on_step = watch
+    e.run()
+    c = e.cache.cache
+    # A2's prefetch held its admission back while X (below the prefetch threshold) ran
+    assert seen[0] == (1, ["A2"], ["X"])
+    assert all("A2" in waiting for _, waiting, _ in seen[:5])
+    done = {s.rid: s for s in e.done}
+    assert (done["A2"].prefetch_status, done["X"].prefetch_status) == ("started",
+                                                                       "below_threshold")
+    assert done["A2"].storage_hit == 40 and done["A2"].host_hit == 40
+    assert e.admitter.verified_tokens >= 40  # the L3 prefix was verified against the model
+    # every request left: nothing pending, no pin, states forgotten
+    assert c.pending_prefetches() == [] and c.prefetch_state("A2") is None
+    assert not any(str(k.owner).startswith("prefetch:") for k in c.locks.values())
+    c.check()
+    c.close()

@@ -12,12 +12,11 @@ storage -> host -> device round trip whose device content is verified bit for bi
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-
-import time
-from pathlib import Path
 
 from radixscope.cache import CacheOutOfMemory, HiRadixCache, InvariantViolation
 from radixscope.cache.storage import FaultyBackend, FileBackend, PrefetchConfig, StorageSetup

@@ -53,18 +53,34 @@ def stored_nodes(cache: HiRadixCache, comp: int = 0) -> list[int]:
                   if n.data[comp].values[Tier.STORAGE] is not None)
 
 
+def write_store(root: Path, tokens, components=("full",), page_size: int = 1,
+                backend: StorageBackend | None = None) -> None:
+    """A first cache writes ``tokens`` (content from the driver) to the store in ``root``."""
+    a = storage_cache(root, components, page_size, backend=backend)
+    Driver(a).insert(tokens)
+    a.poll(wait=True)
+    a.check()
+    a.close()
+
+
+def load_and_verify(cache: HiRadixCache, match, tokens) -> int:
+    """Load ``match``'s host hit back, wait, verify the device content bit for bit, check().
+    Returns the device prefix length verified."""
+    lb = cache.load_back(match)
+    cache.poll(wait=True)
+    checked = Driver(cache).verify_device_prefix(tokens, lb.anchor)
+    cache.check()
+    assert checked == lb.device_prefix_len
+    return checked
+
+
 def round_trip(cache: HiRadixCache, tokens, req_id: str = "rt", extra_key=None) -> int:
     """Match with prefetch, wait for the hand-back, load back, verify device content bit for
     bit against what the driver wrote. Returns the tokens that came from L3."""
-    d = Driver(cache)
     m = cache.match_prefix(tokens, extra_key=extra_key, req_id=req_id, prefetch=True)
     assert m.prefetch_status == "started", m.prefetch_status
     wait_prefetch(cache, req_id)
     m = cache.match_prefix(tokens, extra_key=extra_key, req_id=req_id, prefetch=True)
     assert m.prefetch_status == "done"
-    lb = cache.load_back(m)
-    cache.poll(wait=True)
-    cache.check()
-    checked = d.verify_device_prefix(tokens, lb.anchor)
-    assert checked == lb.device_prefix_len
+    load_and_verify(cache, m, tokens)
     return m.storage_hit_length

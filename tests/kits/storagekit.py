@@ -279,3 +279,26 @@ def mooncake_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moonc
             _assert_loopback_only(cluster.dir)
         finally:
             cluster.stop()
+
+
+def run_two_ranks(module: str, tmp_path: Path, timeout: float = 120.0) -> list:
+    """Run ``module._rank_main(rank, port, root, out)`` in two processes (gloo over 127.0.0.1
+    on a free port), bounded by ``timeout``; returns each rank's JSON log."""
+    import json
+    import sys
+
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", f"from {module} import _rank_main; "
+         f"_rank_main({r}, {port}, {str(tmp_path)!r}, {str(tmp_path / f'rank{r}.json')!r})"],
+        cwd=ROOT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0].decode())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
