@@ -7,7 +7,11 @@ schedules the request when the prefetch is handed back. Per policy: hit rate = t
 back / tokens in storage; added latency = start to hand-back (what the request waits before
 prefill). Two stores: the backend as is, and the same behind ``FaultyBackend(delay=...)`` (a
 slow or loaded store: a random sleep per call), where the timeout budget (1 s + 0.25 s per
-1024 tokens) binds.
+1024 tokens) binds. The in-process baseline is the same 64 pages copied host -> host in this
+process (``HostPages.gather`` + ``scatter``, what a get must do anyway): each policy's added
+latency is also printed as a ratio to it. ``--observer`` reports every event into telemetry's
+prefetch observer (spans through an SDK tracer provider, events into a recorder) to show what
+observing costs.
 
     python bench/bench_prefetch.py                       # file
     python bench/bench_prefetch.py --backends file,redis --rounds 3
@@ -52,11 +56,11 @@ def host(slots: int, seed: int | None) -> HostPages:
 
 
 def run(backend: StorageBackend, policy: StopPolicy, hashes: tuple[bytes, ...], batch: int,
-        dst: HostPages, fp: Fingerprint, step_s: float) -> tuple[float, float]:
+        dst: HostPages, fp: Fingerprint, step_s: float, observer=None) -> tuple[float, float]:
     alloc = SlotAllocator("full/host", dst.buf.shape[2], PAGE)
     ctl = PrefetchController(backend, PrefetchPool("full", dst, alloc, fp),
                              config=PrefetchConfig(policy=policy, max_host_share=1.0,
-                                                           batch_pages=batch))
+                                                   batch_pages=batch), observer=observer)
     t0 = time.perf_counter()
     ctl.start("r", hashes)
     got: list = []
@@ -68,6 +72,31 @@ def run(backend: StorageBackend, policy: StopPolicy, hashes: tuple[bytes, ...], 
     return got[0].tokens / (len(hashes) * PAGE), dt
 
 
+def in_process(src: HostPages, dst: HostPages, rounds: int) -> float:
+    """Seconds to copy the request's pages host -> host in this process (median)."""
+    firsts = list(range(0, PAGES * PAGE, PAGE))
+    out = list(range(PAGES * PAGE, 2 * PAGES * PAGE, PAGE))
+    times = []
+    for _ in range(max(3, rounds)):
+        t0 = time.perf_counter()
+        dst.scatter(out, src.gather(firsts))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make_observer():
+    """Telemetry's prefetch observer on an SDK tracer provider (no exporter) and a recorder."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from radixscope.telemetry.record.drops import Health
+    from radixscope.telemetry.record.prefetch import TelemetryPrefetchObserver
+    from radixscope.telemetry.record.recorder import TelemetryRecorder
+
+    health = Health()
+    return TelemetryPrefetchObserver(TelemetryRecorder(health), health,
+                                     tracer_provider=TracerProvider())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="file")
@@ -75,15 +104,21 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=20.0)
     ap.add_argument("--delay", type=float, default=0.3, help="slow store: max sleep per call")
     ap.add_argument("--batch", type=int, default=8, help="pages per get call")
+    ap.add_argument("--observer", action="store_true", help="report into telemetry's observer")
     args = ap.parse_args()
+    observer = make_observer() if args.observer else None
     src = host(PAGES * PAGE, 0)
     dst = host(2 * PAGES * PAGE, None)
     fp = Fingerprint("bench", "bfloat16", LAYERS, HEADS, HEAD_DIM, PAGE, "full", src.layout)
+    copy_s = in_process(src, dst, args.rounds)
     print(f"page {src.page_nbytes / 2**10:.0f} KiB, {PAGES} pages ({PAGES * PAGE} tokens, "
           f"{PAGES * src.page_nbytes / 2**20:.0f} MiB), step {args.step_ms} ms, "
-          f"{args.rounds} rounds, median")
-    print("| backend | store | policy | hit rate | added latency ms | latency / wait_complete |")
-    print("|---|---|---|---|---|---|")
+          f"{args.rounds} rounds, median; observer {'on' if observer else 'off'}")
+    print(f"in-process baseline (host -> host copy of the {PAGES} pages): "
+          f"{copy_s * 1000:.1f} ms, hit rate 1.00")
+    print("| backend | store | policy | hit rate | added latency ms | latency / in-process copy "
+          "| latency / wait_complete |")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.backends.split(","):
             server = None
@@ -92,6 +127,7 @@ def main() -> None:
             else:
                 from radixscope.cache.storage import RedisBackend
                 from tests.kits.storagekit import RedisServer
+                (Path(tmp) / "redis").mkdir()  # redis-server exits on a missing --dir
                 server = RedisServer(Path(tmp) / "redis")
                 server.start()
                 inner = RedisBackend(server.url)
@@ -106,13 +142,14 @@ def main() -> None:
                     assert inner.batch_set(keys, src, torch.arange(PAGES * PAGE)).all_ok
                     for pol in StopPolicy:
                         rows.setdefault(pol, []).append(
-                            run(backend, pol, hashes, args.batch, dst, fp, args.step_ms / 1000))
+                            run(backend, pol, hashes, args.batch, dst, fp, args.step_ms / 1000,
+                                observer))
                 base = statistics.median(d for _, d in rows[StopPolicy.WAIT_COMPLETE])
                 for pol, vals in rows.items():
                     hit = statistics.median(h for h, _ in vals)
                     lat = statistics.median(d for _, d in vals)
                     print(f"| {name} | {store} | {pol.value} | {hit:.2f} | {lat * 1000:.0f} | "
-                          f"{lat / base:.2f} |")
+                          f"{lat / copy_s:.1f} | {lat / base:.2f} |")
             inner.close()
             if server is not None:
                 server.stop()

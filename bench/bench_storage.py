@@ -96,10 +96,12 @@ def main() -> None:
           f"{page_bytes // 1024} KiB; batch {BATCH} pages = {BATCH * page_bytes >> 20} MiB; "
           f"{args.rounds} rounds, median")
     base, pages = baseline(args.rounds)
-    print(f"{'backend':<14}{'set MB/s':>10}{'get MB/s':>10}{'set/memcpy':>12}{'get/memcpy':>12}")
-    print(f"{'memcpy':<14}{base / 1e6:>10.0f}{base / 1e6:>10.0f}{1:>12.2f}{1:>12.2f}")
+    print(f"{'backend':<14}{'set MB/s':>10}{'get MB/s':>10}{'set/memcpy':>12}{'get/memcpy':>12}"
+          f"{'set/pagecp':>12}{'get/pagecp':>12}")
+    print(f"{'memcpy':<14}{base / 1e6:>10.0f}{base / 1e6:>10.0f}{1:>12.2f}{1:>12.2f}"
+          f"{base / pages:>12.2f}{base / pages:>12.2f}")
     print(f"{'page copy':<14}{pages / 1e6:>10.0f}{pages / 1e6:>10.0f}{pages / base:>12.2f}"
-          f"{pages / base:>12.2f}")
+          f"{pages / base:>12.2f}{1:>12.2f}{1:>12.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.backends.split(","):
             stop = None
@@ -132,7 +134,8 @@ def main() -> None:
                 backend.close()
                 if stop:
                     stop()
-            print(f"{name:<14}{w / 1e6:>10.0f}{r / 1e6:>10.0f}{w / base:>12.2f}{r / base:>12.2f}")
+            print(f"{name:<14}{w / 1e6:>10.0f}{r / 1e6:>10.0f}{w / base:>12.2f}{r / base:>12.2f}"
+                  f"{w / pages:>12.2f}{r / pages:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 The cache's state at the store's last seq (rebuilt from the journal) explained by
 ``telemetry.analysis.doctor`` (budget per component and tier, what looks wrong), then the invariant and
-integrity violations the run recorded, the admission decisions, and telemetry's own health; and
-first, whether the run finished cleanly (a killed run's store is never "healthy").
+integrity violations the run recorded, the admission decisions, the L3 tier (prefetches still
+pending at the end, stuck ones, host pins leaked by finished prefetches or store transfers:
+``telemetry.analysis.storage_doctor``), and telemetry's own health; and first, whether the run
+finished cleanly (a killed run's store is never "healthy").
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from radixscope.cache.storage.prefetch_policy import PrefetchConfig
 from radixscope.telemetry import open_store
 from radixscope.telemetry.analysis.doctor import ERROR, doctor_report, findings
+from radixscope.telemetry.analysis.storage_doctor import (
+    pending_from_events,
+    storage_findings,
+    storage_words,
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,20 @@ def _health_lines(stats: dict) -> list[str]:
     return out
 
 
-def diagnose(path: str) -> DoctorReport:
+def _last_time(ops: pd.DataFrame, events: pd.DataFrame) -> int:
+    """The last wall-clock time the store recorded (ns): the doctor's "now"."""
+    times = [int(ops["end_ns"].max()) if not ops.empty else 0,
+             int(events["ts_ns"].max()) if not events.empty else 0]
+    return max(times)
+
+
+def diagnose(path: str, prefetch_config: PrefetchConfig | None = None) -> DoctorReport:
     """Read the store at ``path`` and explain it.
+
+    Args:
+        path: the store.
+        prefetch_config: the run's prefetch policy (its budget says when a pending prefetch is
+            stuck); default ``PrefetchConfig()``.
 
     Raises:
         FileNotFoundError / ValueError: no store there, not a store, or a store with no journal.
@@ -84,16 +104,21 @@ def diagnose(path: str) -> DoctorReport:
         snap = r.state_at(seq)
         violations = r.violations()
         admissions = r.events("admission")
+        events = r.events()
         stats = r.stats()
+        last_ns = _last_time(r.ops(), events)
     comps = "+".join(snap.components)
     lines = [f"store {path}: {comps} cache, page size {snap.page_size}, journal up to seq {seq}",
              ("run: " if status["clean"] else "run: PROBLEM: ") + status["message"],
              doctor_report(snap)]
     lines += _violation_lines(violations)
     lines += _admission_lines(admissions)
+    pending = pending_from_events(events)
+    l3 = storage_findings(snap, pending, last_ns, prefetch_config)
+    lines += storage_words(pending, l3)
     lines += _health_lines(stats)
     healthy = (violations.empty and status["clean"]
-               and not any(f.severity == ERROR for f in findings(snap)))
+               and not any(f.severity == ERROR for f in [*findings(snap), *l3]))
     lines.append("verdict: " + ("healthy" if healthy else "PROBLEMS FOUND (see above)"))
     return DoctorReport("\n".join(lines), healthy)
 

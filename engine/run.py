@@ -98,14 +98,15 @@ class RunSpec:
                 over[k] = v
         return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu", **over)
 
-    def storage_setup(self):
-        """The cache's L3 tier (None without ``storage``); opens the backend. Bad values raise
-        ValueError naming them."""
+    def storage_setup(self, observer=None):
+        """The cache's L3 tier (None without ``storage``); opens the backend. ``observer``:
+        the prefetch observer (telemetry's ``tel.prefetch_observer``: L3 spans, metrics and
+        events). Bad values raise ValueError naming them."""
         self.check_storage()
         if self.storage is None:
             return None
         return StorageSetup(open_backend(self.storage), write_policy=self.storage_write,
-                            prefetch=self._prefetch_config())
+                            prefetch=self._prefetch_config(), observer=observer)
 
     def check_storage(self) -> None:
         """Validate the storage settings without opening anything."""
@@ -167,8 +168,8 @@ def _build(spec: RunSpec, recorder_inner, check_each_from: int | None,
     reqs = workloads.build(spec.workload, spec.requests, spec.seed, spec.trace,
                            **spec.workload_options)
     counter = CountingRecorder(recorder_inner)
-    cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=spec.storage_setup()),
-                       counter)
+    storage = spec.storage_setup(getattr(tel, "prefetch_observer", None))
+    cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=storage), counter)
     engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
                     model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
     return engine, counter, cache, cfg

@@ -30,6 +30,9 @@ class Telemetry:
         meter_provider: the meter provider (inline mode), else None.
         memory_exporter / metric_reader: set by ``setup(in_memory=True)``.
         sinks: the names of the sinks the stream feeds, in call order.
+        prefetch_observer: pass to ``StorageSetup(observer=...)`` (or a
+            ``PrefetchController``): L3 prefetch / storage-call spans, and their events into
+            the stream for the store and the metrics (``record/prefetch.py``).
     """
 
     def __init__(self, recorder: TelemetryRecorder, pipeline: Pipeline, health: Health,
@@ -44,6 +47,7 @@ class Telemetry:
         self.memory_exporter: Any = None
         self.metric_reader: Any = None
         self.sinks: tuple[str, ...] = ()
+        self.prefetch_observer: Any = None
         self.closed = False
         self._owned: list[Any] = []  # providers setup created: shut down on close
         self._borrowed: list[Any] = []  # providers the caller owns: only flushed

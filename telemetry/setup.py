@@ -30,6 +30,7 @@ from radixscope.telemetry.names import DEFAULT_SERVICE_NAME
 from radixscope.telemetry.options import TelemetryOptions
 from radixscope.telemetry.record.drain import Pipeline
 from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.record.prefetch import TelemetryPrefetchObserver
 from radixscope.telemetry.record.recorder import TelemetryRecorder
 from radixscope.telemetry.sinks import base as sinkbase
 from radixscope.telemetry.sinks import otel_exporters as backends
@@ -87,7 +88,8 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
             ``options``.
 
     Returns:
-        The ``Telemetry`` handle; ``tel.recorder`` goes to the cache; ``tel.close()`` flushes;
+        The ``Telemetry`` handle; ``tel.recorder`` goes to the cache, ``tel.prefetch_observer``
+        to ``StorageSetup(observer=...)``; ``tel.close()`` flushes;
         ``tel.sinks`` names the sinks in call order.
 
     Raises:
@@ -137,6 +139,8 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     else:
         tel = _inline(recorder, health, path, spec, spans, metrics, tracer_provider,
                       meter_provider, span_exporters, in_memory, capture_host_spans, opts, extra)
+    tel.prefetch_observer = TelemetryPrefetchObserver(
+        recorder, health, tracer_provider=tel.tracer_provider, spans=spans)
     _close_at_exit(tel)
     return tel
 

@@ -25,10 +25,12 @@ from pathlib import Path
 import pandas as pd
 
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.analysis.storage_doctor import pending_frame, pending_from_events
 from radixscope.telemetry.store.bundle_format import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     DIGESTED,
+    READABLE_VERSIONS,
     row_count,
     table_digest,
 )
@@ -81,10 +83,12 @@ class PostmortemReader(StoreReader):
         if not isinstance(meta, dict) or meta.get("format") != BUNDLE_FORMAT:
             raise ValueError(f"{str(p)!r}: the 'bundle' info row is not a {BUNDLE_FORMAT} "
                              f"manifest: {str(meta)[:80]!r}")
-        if meta.get("version") != BUNDLE_VERSION:
-            raise ValueError(f"crash bundle {str(p)!r} has format version "
-                             f"{meta.get('version')!r}; this reader reads {BUNDLE_VERSION}")
-        missing = [k for k in _REQUIRED_INFO if k not in self._info]
+        version = meta.get("version")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"crash bundle {str(p)!r} has format version {version!r}; this "
+                             f"reader reads {', '.join(map(str, READABLE_VERSIONS))}")
+        required = _REQUIRED_INFO + (("prefetches",) if version == BUNDLE_VERSION else ())
+        missing = [k for k in required if k not in self._info]
         if missing:
             raise ValueError(f"crash bundle {str(p)!r} is incomplete: no info row(s) {missing}")
         want = meta.get("rows") if isinstance(meta.get("rows"), dict) else {}
@@ -125,6 +129,25 @@ class PostmortemReader(StoreReader):
         if "config" in self._info:
             return dict(self._info["config"])
         return dict((self._info.get("cache") or {}).get("config") or {})
+
+    def prefetches(self) -> pd.DataFrame:
+        """The L3 prefetches pending when the bundle was written (``storage_doctor.
+        PENDING_COLUMNS``; none in a version-3 bundle); for a store, those its events show
+        started and not ended.
+
+        Raises:
+            ValueError: the bundle's ``prefetches`` row is not a list of prefetch states.
+        """
+        if not self.is_bundle:
+            return pending_from_events(self.events())
+        rows = self._info.get("prefetches", [])
+        if not isinstance(rows, list):
+            raise ValueError(f"crash bundle {str(self.path)!r}: 'prefetches' is not a list")
+        errors = [r["error"] for r in rows if isinstance(r, dict) and "error" in r]
+        if errors:
+            raise ValueError(f"crash bundle {str(self.path)!r}: the cache's pending prefetches "
+                             f"could not be read when it was written: {errors[0]}")
+        return pending_frame(rows)
 
     # ---- states --------------------------------------------------------------------------------
     def snapshot(self) -> CacheSnapshot:

@@ -15,8 +15,9 @@ failure on top. What goes in:
 - ``violations``: the failure itself and whatever ``cache.check()`` finds at bundle time.
 - ``info`` rows (JSON): ``bundle`` (format, trigger, window, replay check, row counts),
   ``failure`` (op, exception, traceback, frames, node, OOM numbers), ``live_snapshot``,
-  ``cache``, ``config``, ``ledgers``, ``metrics`` (recorder health) and, under CUDA when asked,
-  ``cuda_memory``.
+  ``cache``, ``config``, ``ledgers``, ``metrics`` (recorder health), ``prefetches`` (the L3
+  prefetches pending at bundle time: ``cache.pending_prefetches()``, [] without storage) and,
+  under CUDA when asked, ``cuda_memory``.
 
 The file is written under a unique temporary name and published atomically and exclusively (a
 hard link: an existing bundle is never replaced unless ``overwrite``): a reader never sees half
@@ -28,6 +29,7 @@ only what it has verified, in bounded time).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -110,13 +112,31 @@ def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None 
         "live_snapshot": live.to_dict(), "cache": _cache_info(cache, recorder),
         "config": cache.config.summary(), "ledgers": ledgers(cache, live),
         "metrics": _health(cache, recorder), "check": {"ok": not checked, "violations": checked},
-        "last_seq": live.seq,
+        "last_seq": live.seq, "prefetches": pending_prefetches(cache),
     }
     cm = failure_.cuda_memory(str(cache.config.device), cuda_memory)
     if cm is not None:
         info["cuda_memory"] = cm
     _write(target, info, rows, overwrite)
     return target
+
+
+def pending_prefetches(cache: Any) -> list[dict]:
+    """The cache's pending L3 prefetches as plain dicts (``PrefetchState`` fields); [] for a
+    cache without storage. A failure to read them is one entry ``{"error": ...}``: a bundle is
+    written whatever the cache's state."""
+    get = getattr(cache, "pending_prefetches", None)
+    if get is None or getattr(cache, "storage", None) is None:
+        return []
+    try:
+        out = []
+        for p in get():
+            d = dataclasses.asdict(p) if dataclasses.is_dataclass(p) else dict(vars(p))
+            out.append({k: v for k, v in d.items()
+                        if isinstance(v, (str, int, float, bool)) or v is None})
+        return out
+    except Exception as e:  # noqa: BLE001 - the crash path records what it can
+        return [{"error": f"{type(e).__name__}: {e}"}]
 
 
 def ledgers(cache: Any, live: CacheSnapshot) -> list[dict]:

@@ -8,8 +8,10 @@ for the first page), ``extra`` the node's namespace (``repr`` of its extra key, 
 vLLM (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``) the wire value is the low 64 bits, unsigned.
 
 **Media** are data: ``TIER_MEDIA`` maps a tier to its medium (device -> ``GPU``, host ->
-``CPU``); a tier not in the map (a storage tier) is published under its backend's name when
-``medium_for`` is given one, else ``DISK``. **Groups**: one per block-structured component,
+``CPU``, vLLM's names); the storage tier is published under the medium of its backend kind,
+``STORAGE_MEDIA``, in SGLang's ``StorageMedium`` names (``file`` -> ``DISK``, a distributed
+store: ``redis`` / ``mooncake`` -> ``EXTERNAL``), or vLLM's generic ``STORAGE`` when the kind
+is unknown (``medium_for``). **Groups**: one per block-structured component,
 in the cache's component order (``full`` -> group 0 ``full_attention``, ``swa`` -> its own
 group ``sliding_window`` with the window); MAMBA state is per node, not per block, and is not
 published.
@@ -27,18 +29,35 @@ from radixscope.cache.tiers import TIER_LABELS
 
 TIER_MEDIA: dict[str, str] = {"device": "GPU", "host": "CPU"}
 _TIER_SLOT = {lbl: i for i, lbl in enumerate(TIER_LABELS)}  # a tier's index in comp.state
-STORAGE_MEDIUM = "DISK"
+STORAGE_MEDIUM = "STORAGE"  # vLLM's MEDIUM_STORAGE: a storage tier of unknown kind
+# backend kind (``StorageBackend.name``) -> SGLang's StorageMedium for it
+STORAGE_MEDIA: dict[str, str] = {"file": "DISK", "redis": "EXTERNAL", "mooncake": "EXTERNAL"}
+STORAGE_MEDIUM_NAMES = ("DISK", "EXTERNAL", STORAGE_MEDIUM)  # media a storage tier may take
 SPEC_KINDS: dict[str, str] = KV_SPEC_KINDS  # component -> the spec kind its events carry
 NONE_HASH = b"radixscope-none-hash"
 MASK64 = (1 << 64) - 1
 
 
+def backend_kind(name: str) -> str:
+    """A backend's kind from its name, wrappers removed (``faulty(gate(file))`` -> ``file``)."""
+    while "(" in name and name.endswith(")"):
+        name = name[name.index("(") + 1:-1]
+    return name
+
+
 def medium_for(tier: str, backend: str | None = None) -> str:
-    """The medium a tier is published as (a storage tier: its backend's name, else DISK)."""
+    """The medium a tier is published as: ``TIER_MEDIA`` for device / host; for the storage
+    tier, ``STORAGE_MEDIA`` of the backend's kind, a storage medium name given as is, else
+    ``STORAGE``."""
     m = TIER_MEDIA.get(tier)
     if m is not None:
         return m
-    return backend.upper() if backend else STORAGE_MEDIUM
+    if not backend:
+        return STORAGE_MEDIUM
+    kind = backend_kind(backend)
+    if kind.upper() in STORAGE_MEDIUM_NAMES:
+        return kind.upper()
+    return STORAGE_MEDIA.get(kind.lower(), STORAGE_MEDIUM)
 
 
 class Group(NamedTuple):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from radixscope.telemetry.kvevents.blocks import STORAGE_MEDIA, STORAGE_MEDIUM_NAMES
+
 ENV_ENDPOINT = "RADIXSCOPE_KV_EVENTS"
 ENV_REPLAY = "RADIXSCOPE_KV_EVENTS_REPLAY"
 ENV_TOPIC = "RADIXSCOPE_KV_EVENTS_TOPIC"
@@ -22,7 +24,9 @@ class KvEventsConfig:
         buffer_steps: messages kept for replay (oldest dropped first).
         hwm: the PUB socket's send high-water mark (messages beyond it are dropped by ZMQ).
         data_parallel_rank: the batch's third field.
-        storage_backend: the medium name of a storage tier (None: ``DISK``).
+        storage_backend: the storage tier's backend kind (``file``, ``redis``, ``mooncake``)
+            or medium (``DISK``, ``EXTERNAL``, ``STORAGE``); None: the kind the cache reports
+            (``info()["storage"]["backend"]``), published as ``blocks.medium_for`` says.
         replay_per_s / replay_burst: replay requests one client (ZMQ identity) may make per
             second, and in a burst; a request beyond them is answered with the end marker only
             and counted (``kv_events.replay_rate_limited``), so one client asking in a loop
@@ -45,6 +49,11 @@ class KvEventsConfig:
             if v is not None and (not isinstance(v, str) or not v.startswith(_SCHEMES)):
                 raise ValueError(f"kv_events {name}={v!r}: must be a ZMQ endpoint "
                                  f"starting with one of {_SCHEMES}")
+        sb = self.storage_backend
+        if sb is not None and (not isinstance(sb, str) or (
+                sb.lower() not in STORAGE_MEDIA and sb.upper() not in STORAGE_MEDIUM_NAMES)):
+            raise ValueError(f"kv_events storage_backend={sb!r}: must be a backend kind "
+                             f"{sorted(STORAGE_MEDIA)} or a medium {list(STORAGE_MEDIUM_NAMES)}")
         if not isinstance(self.buffer_steps, int) or self.buffer_steps < 1:
             raise ValueError(f"kv_events buffer_steps={self.buffer_steps!r}: must be an int >= 1")
         rate = self.replay_per_s

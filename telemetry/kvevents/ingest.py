@@ -5,8 +5,9 @@ resident per (medium, group). Every block is also a node of a tree whose mutatio
 journal format (``node.create`` / ``comp.state`` / ``node.delete``, one component per group,
 device = ``GPU``, host = a CPU medium), so a store written from them opens in the UI like our
 own cache's. A block stays a (tombstone) node while a child still needs it. Media: ``GPU`` is
-the device tier; ``CPU`` (vLLM) and ``CPU_PINNED`` (SGLang) the host tier; anything else
-(``DISK``, a backend name) is kept in ``blocks`` and counted, with no tier in the tree.
+the device tier; ``CPU`` (vLLM) and ``CPU_PINNED`` (SGLang) the host tier; ``DISK`` /
+``EXTERNAL`` (SGLang) and ``STORAGE`` (vLLM) the storage tier; anything else is kept in
+``blocks`` and counted, with no tier in the tree.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import NamedTuple
 
 from radixscope.cache.components import BACKBONE, KV_SPEC_KINDS
 from radixscope.cache.tiers import Tier, per_tier
+from radixscope.telemetry.kvevents.blocks import STORAGE_MEDIUM_NAMES
 from radixscope.telemetry.kvevents.wire import Cleared, Decoded, Removed, Stored
 
-MEDIUM_TIERS = {"GPU": "device", "CPU": "host", "CPU_PINNED": "host"}
+MEDIUM_TIERS = {"GPU": "device", "CPU": "host", "CPU_PINNED": "host",
+                **dict.fromkeys(STORAGE_MEDIUM_NAMES, "storage")}
 _SLOT = {lbl: Tier.of(lbl) for lbl in dict.fromkeys(MEDIUM_TIERS.values())}
 GROUP_COMPONENTS = {kind: name for name, kind in KV_SPEC_KINDS.items()}
 

@@ -5,6 +5,9 @@ After each batch of mutations the sinks' replica (``Journal``) has applied, it r
 resident blocks of the nodes those mutations touched, diffs them against what it published,
 and sends one ``KVEventBatch``: ``BlockStored`` per newly resident run of pages (parents before
 children, ``parent_block_hash`` chained), ``BlockRemoved`` per (medium, group) for the rest.
+The storage tier's medium (``blocks.medium_for`` of the cache's backend kind: ``DISK`` for the
+file backend, ``EXTERNAL`` for redis / mooncake) gets a ``BlockStored`` when a page first lands
+in L3 and no ``BlockRemoved`` when the tree deletes its node (the page stays in L3).
 Frames are ``[topic, seq (8 bytes big-endian), msgpack batch]`` on a bound PUB socket; the last
 ``buffer_steps`` messages are kept for the replay ROUTER socket (request ``[id, b"",
 start_seq]``, replies ``[id, b"", topic, seq, payload]``..., then ``[id, b"", b"", -1, b""]``),
@@ -80,6 +83,10 @@ class KvEventPublisher:
         self._hashes: NodeHashes | None = None
         self._resident: dict[int, dict[BlockKey, tuple[int, ...]]] = {}
         self._media = dict(TIER_MEDIA)
+        # storage-medium blocks published: L3 keeps a page after the tree forgets its node (a
+        # later match finds it by hash), so they are never removed on a node's deletion and
+        # never stored twice; the backend's own LRU evictions are not observed
+        self._l3: dict[BlockKey, set[int]] = {}
         self._groups: list = []
         self._ci: dict[str, int] = {}
         self._block_size = 1
@@ -97,8 +104,9 @@ class KvEventPublisher:
         self._groups = groups_for(comps, cfg.get("sliding_window") or None)
         self._ci = {c: i for i, c in enumerate(comps)}
         self._block_size = int(info.get("page_size") or cfg.get("page_size") or 1)
-        self._media = {**TIER_MEDIA, "storage": medium_for("storage",
-                                                           self.config.storage_backend)}
+        backend = self.config.storage_backend or (info.get("storage") or {}).get("backend")
+        self._media = {**TIER_MEDIA, ev.TIER_STORAGE: medium_for(ev.TIER_STORAGE, backend)}
+        self._l3 = {}
         nodes = journal.builder.nodes  # type: ignore[attr-defined]
         self._hashes = NodeHashes(nodes, self._block_size)
         events: list = [wire.AllBlocksCleared()]
@@ -153,6 +161,7 @@ class KvEventPublisher:
         assert hashes is not None
         old: dict[BlockKey, set[int]] = {}
         fresh: list[tuple[int, BlockKey, list[int]]] = []  # (node, key, page indices)
+        l3_medium = self._media.get(ev.TIER_STORAGE)
         for nid in touched:
             for key, hs in self._resident.pop(nid, {}).items():
                 old.setdefault(key, set()).update(hs)
@@ -171,7 +180,11 @@ class KvEventPublisher:
                 mine[key] = ids
                 now.setdefault(key, set()).update(ids)
                 was = old.get(key, ())
-                new_pages = [p for p in pages if hs[p] not in was]
+                is_l3 = key[0] == l3_medium
+                seen = self._l3.setdefault(key, set()) if is_l3 else ()
+                new_pages = [p for p in pages if hs[p] not in was and hs[p] not in seen]
+                if is_l3:
+                    seen.update(ids)
                 if new_pages:
                     fresh.append((nid, key, new_pages))
             self._resident[nid] = mine
@@ -182,6 +195,8 @@ class KvEventPublisher:
             for nid, key, pages in fresh:
                 events.extend(self._stored(nid, nodes[nid], key, pages))
         for key, hs in sorted(old.items()):
+            if key[0] == l3_medium:
+                continue  # still in L3 (see ``_l3``)
             gone = hs - now.get(key, set())
             if gone:
                 events.append(wire.BlockRemoved(sorted(gone), key[0], group_idx=key[1]))

@@ -2,11 +2,14 @@
 
 - observable gauges per component x tier: capacity, available, evictable, protected, in-flight
   and held slots, read from the sink's ``Journal`` when the reader collects;
-- counters: hit tokens per component and tier, looked-up tokens, evicted tokens per component and
+- counters: hit tokens per component and tier (tier ``storage``: the match's host hit that a
+  prefetch brought from L3), looked-up tokens, evicted tokens per component and
   tier, backup / load-back tokens (per component, from the journal's finished transfers) and
   bytes (from transfer records), admission decisions;
 - histograms: op durations per op name and transfer durations per transfer kind;
-- observable counters of telemetry's own dropped records and failures.
+- observable counters of telemetry's own dropped records and failures;
+- the L3 tier's (``storage_metrics.py``): prefetches, prefetched / unfulfilled tokens per
+  reason, storage pages, bytes and bandwidth per call kind, store-transfer slots.
 
 Labels are closed sets (component, tier, op name, transfer kind, result); node ids never appear.
 """
@@ -22,17 +25,24 @@ from radixscope.cache import events as ev
 from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.telemetry import names as n
 from radixscope.telemetry.record.encode import CompactOp
+from radixscope.telemetry.sinks.storage_metrics import StorageMetrics
 from radixscope.telemetry.store.journal import Journal
 
 _HITS = ((ev.A_DEVICE_TOKENS, BACKBONE, ev.TIER_DEVICE), (ev.A_HOST_TOKENS, BACKBONE, ev.TIER_HOST),
-         (ev.A_SWA_HOST_TOKENS, WINDOW, ev.TIER_HOST), (ev.A_MAMBA_HOST, STATE, ev.TIER_HOST))
+         (ev.A_SWA_HOST_TOKENS, WINDOW, ev.TIER_HOST), (ev.A_MAMBA_HOST, STATE, ev.TIER_HOST),
+         *(((ev.A_STORAGE_HIT, BACKBONE, ev.TIER_STORAGE),) if hasattr(ev, "A_STORAGE_HIT")
+           else ()))
 BACKUP_KINDS = ("backup", "write_back", "write_through")
 LOAD_BACK_KINDS = ("load_back", "load")
+STORE_KIND = "store"  # host -> L3 (tier "storage")
 
 
 def transfer_family(kind: object) -> str | None:
-    """``"backup"`` (device -> host), ``"load_back"`` (host -> device) or None for other kinds."""
+    """``"backup"`` (device -> host), ``"load_back"`` (host -> device), ``"store"`` (host ->
+    L3) or None for other kinds."""
     k = str(kind)
+    if k == STORE_KIND:
+        return STORE_KIND
     if k in BACKUP_KINDS or k.startswith("backup"):
         return "backup"
     if k in LOAD_BACK_KINDS or k.startswith("load_back"):
@@ -71,6 +81,11 @@ class CacheMetrics:
                                                  "slots copied host -> device")
         self.load_back_bytes = m.create_counter(n.M_LOAD_BACK_BYTES, "By",
                                                 "bytes copied host -> device")
+        self.store_tokens = m.create_counter(n.M_STORE_TOKENS, n.UNIT_SLOTS,
+                                             "slots written host -> L3 (acked store transfers)")
+        self.store_bytes = m.create_counter(n.M_STORE_BYTES, "By",
+                                            "bytes written host -> L3 (acked store transfers)")
+        self.storage = StorageMetrics(meter_provider)
         self.admissions = m.create_counter(n.M_ADMISSIONS, "{decision}", "admission decisions")
         self.op_duration = m.create_histogram(
             n.M_OP_DURATION, "s", "cache operation duration",
@@ -99,6 +114,8 @@ class CacheMetrics:
                         self.backup_bytes.add(nbytes)
                     elif fam == "load_back":
                         self.load_back_bytes.add(nbytes)
+                    elif fam == STORE_KIND:
+                        self.store_bytes.add(nbytes)
                 continue
             self.op_duration.record(dur, {n.LABEL_OP: op.op})
             if op.op == ev.OP_MATCH:
@@ -131,8 +148,8 @@ class CacheMetrics:
                 if started is None or not ok:
                     continue
                 fam = transfer_family(started[0])
-                counter = (self.backup_tokens if fam == "backup"
-                           else self.load_back_tokens if fam == "load_back" else None)
+                counter = {"backup": self.backup_tokens, "load_back": self.load_back_tokens,
+                           STORE_KIND: self.store_tokens}.get(fam or "")
                 if counter is not None:
                     for comp, amount in started[1]:
                         if amount:

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk.metrics import MeterProvider
 
-from radixscope.telemetry.names import EVENT_ADMISSION
+from radixscope.telemetry.names import (
+    EVENT_ADMISSION,
+    EVENT_PREFETCH_END,
+    EVENT_PREFETCH_START,
+    EVENT_STORAGE_PREFIX,
+)
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.encode import CompactOp
 from radixscope.telemetry.sinks import otel_exporters as otel
@@ -73,8 +78,14 @@ class MetricsSink:
                 self.metrics.observe_mutations(mutations)
 
     def event(self, ts_ns: int, seq: int | None, kind: str, attrs: dict) -> None:
-        if kind == EVENT_ADMISSION and self.metrics is not None:
+        if self.metrics is None:
+            return
+        if kind == EVENT_ADMISSION:
             self.metrics.observe_admission(bool(attrs.get("admitted")))
+        elif kind in (EVENT_PREFETCH_START, EVENT_PREFETCH_END) or kind.startswith(
+                EVENT_STORAGE_PREFIX):
+            with self.health.guard("metrics"):
+                self.metrics.storage.observe(kind, attrs)
 
     def flush(self) -> None:
         if self.provider is not None and hasattr(self.provider, "force_flush"):

@@ -10,8 +10,10 @@ import hashlib
 import sqlite3
 
 BUNDLE_FORMAT = "radixscope.bundle"
-BUNDLE_VERSION = 3  # 2: the manifest digests the info rows; mutations digested from journal
+BUNDLE_VERSION = 4  # 2: the manifest digests the info rows; mutations digested from journal
 #                   3: component states per tier (store schema 4)
+#                   4: the L3 prefetches pending at bundle time (info row ``prefetches``)
+READABLE_VERSIONS = (3, 4)  # a version-3 bundle reads as one with no pending prefetches
 COUNTED_TABLES = ("ops", "mutations", "keyframes", "metrics", "violations", "events")
 DIGESTED = (*COUNTED_TABLES, "info")
 

@@ -16,15 +16,18 @@ import torch
 from radixscope import telemetry
 from radixscope.cache import CacheConfig, HiRadixCache, InvariantViolation
 from radixscope.cache.errors import CacheOutOfMemory
+from tests.kits.storage_records import StorageTap
 
 
 def make_store(path: str | Path, preset: str = "hybrid", requests: int = 36,
-               seed: int = 7) -> dict:
-    """Write a store at ``path`` and return facts about the run (held lock, seqs...)."""
+               seed: int = 7, storage: bool = False) -> dict:
+    """Write a store at ``path`` and return facts about the run (held lock, seqs...).
+    ``storage``: the records carry L3 writes of every host copy (``storage_records``)."""
     tel = telemetry.setup(store=str(path), overwrite=True, mode="inline", keyframe_every=64,
                           sample_every_ms=0.0)
     cfg = CacheConfig.preset(preset, device_tokens=192, host_tokens=1024)
-    cache = HiRadixCache(cfg, recorder=tel.recorder)
+    tap = StorageTap(tel.recorder) if storage else None
+    cache = HiRadixCache(cfg, recorder=tap or tel.recorder)
     rng = random.Random(seed)
     prompts = [list(range(1000 * (i + 1), 1000 * (i + 1) + 24)) for i in range(3)]
     history: list[list[int]] = []
@@ -57,6 +60,9 @@ def make_store(path: str | Path, preset: str = "hybrid", requests: int = 36,
     tel.flush()
     facts["last_seq"] = cache.snapshot().seq
     facts["snapshot"] = cache.snapshot()
+    if tap is not None:  # the store's seqs are the tap's (store transfers added)
+        facts["last_seq"] = tap.mutations[-1][0]
+        facts["stores"] = tap.stores
     tel.close()
     return facts
 

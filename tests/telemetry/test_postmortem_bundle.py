@@ -324,7 +324,7 @@ def test_damaged_or_foreign_version_bundles_are_clear_errors(bundle_file):
         load_bundle(bundle_file)
     edit(bundle_file, "UPDATE info SET value = ? WHERE key = 'bundle'",
          '{"format": "radixscope.bundle", "version": 99}')
-    with pytest.raises(ValueError, match="has format version 99; this reader reads 3"):
+    with pytest.raises(ValueError, match="has format version 99; this reader reads 3, 4"):
         load_bundle(bundle_file)
     edit(bundle_file, "UPDATE info SET value = ? WHERE key = 'schema'",
          '{"name": "radixscope.telemetry", "version": 7}')

@@ -78,3 +78,32 @@ def test_telemetry_words():
         "journal gap after seq 40 (next seq 52): states after seq 40 cannot be rebuilt exactly"]
     assert telemetry_words({}) == ["no telemetry stats yet: the writer has not flushed (a run "
                                    "still going?)"]
+
+
+def test_findings_table_names_a_stuck_prefetch_from_the_store_events(tmp_path):
+    """Observer events in a real store: a prefetch started and never ended is a warning once
+    past its budget (``now`` = the last event's time at the snapshot's seq)."""
+    from radixscope import telemetry
+    from radixscope.cache.storage import prefetch_events as pe
+
+    tel = telemetry.setup(store=tmp_path / "s.db", mode="inline", capture_host_spans=False)
+    obs = tel.prefetch_observer
+    obs.event((pe.PREFETCH_START, "stuck", 1_000_000_000, {pe.A_TOKENS: 1024,
+                                                           pe.A_REASON: "started"}))
+    obs.event((pe.PREFETCH_START, "done", 1_000_000_000, {pe.A_TOKENS: 64,
+                                                          pe.A_REASON: "started"}))
+    obs.event((pe.PREFETCH_END, "done", 1_100_000_000, {pe.A_TOKENS: 64,
+                                                        pe.A_REASON: "complete"}))
+    # 1024 tokens: budget 1.25 s; the last event is 2.5 s after the start
+    obs.event((pe.STORAGE_GET, "other", 3_500_000_000, {pe.A_PAGES: 1, pe.A_SECONDS: 0.001}))
+    tel.close()
+    with telemetry.open_store(tmp_path / "s.db") as r:
+        events = r.events()
+    t = findings_table(small_snapshot(), events)
+    row = t[t["subject"] == "prefetch stuck"].iloc[0]
+    assert row["severity"] == "warning"
+    assert row["message"].startswith("stuck prefetch: started 2.5 s ago for 1024 tokens")
+    assert "prefetch done" not in set(t["subject"])
+    # with only the two starts the store's "now" is the start: nothing is stuck yet
+    early = findings_table(small_snapshot(), events.iloc[:2])
+    assert "prefetch stuck" not in set(early["subject"]) and len(early) == len(t) - 1

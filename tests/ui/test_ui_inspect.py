@@ -40,11 +40,30 @@ def test_component_table_per_tier(model):
     assert t.values.tolist() == [
         ["full", "device", True, 6, 0, "in flight"],
         ["full", "host", True, 6, 1, "in flight"],
+        ["full", "storage", False, 0, 0, "in flight"],
         ["swa", "device", False, 0, 0, "tombstone, FULL kept"],
         ["swa", "host", False, 0, 0, "tombstone, FULL kept"],
+        ["swa", "storage", False, 0, 0, "tombstone, FULL kept"],
         ["mamba", "device", True, 1, 0, "device"],
         ["mamba", "host", False, 0, 0, "device"],
+        ["mamba", "storage", False, 0, 0, "device"],
     ]
+
+
+def test_component_table_shows_the_storage_tier():
+    import dataclasses
+
+    from radixscope.cache.snapshot import ComponentState
+    snap = small_snapshot()
+    nodes = list(snap.nodes)
+    nd = nodes[4]  # FULL host-only (2 tokens), now also in L3
+    full = nd.components[0]
+    stored = ComponentState.on({"host": full.length("host"), "storage": 2}, {})
+    nodes[4] = dataclasses.replace(nd, components=(stored, *nd.components[1:]))
+    t = component_table(tree_model(dataclasses.replace(snap, nodes=tuple(nodes))), 4)
+    assert t.values.tolist()[:3] == [["full", "device", False, 0, 0, "host+storage"],
+                                     ["full", "host", True, 2, 0, "host+storage"],
+                                     ["full", "storage", True, 2, 0, "host+storage"]]
 
 
 def test_lock_holders_and_transfers(snap):

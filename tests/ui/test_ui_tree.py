@@ -116,3 +116,59 @@ def test_display_state_rules():
         st_.color_of("hot")
     html = st_.legend_html(["device", "tombstone"])
     assert html.count("<span title=") == 2 and "#2a9d8f" in html and "#d7dbe0" in html
+
+
+def _with_storage(snap, stored: dict[int, tuple[int | None, ...]]):
+    """``snap`` with L3 lengths per component set on the nodes in ``stored``."""
+    nodes = []
+    for nd in snap.nodes:
+        if nd.node_id in stored:
+            comps = tuple(ComponentState.on(
+                {"device": s.length("device"), "host": s.length("host"), "storage": n},
+                {"device": s.ref("device"), "host": s.ref("host")})
+                for s, n in zip(nd.components, stored[nd.node_id], strict=True))
+            nd = dataclasses.replace(nd, components=comps)
+        nodes.append(nd)
+    return dataclasses.replace(snap, nodes=tuple(nodes))
+
+
+def test_storage_is_the_third_colour_per_component():
+    # node 4: FULL host-only + L3, SWA only in L3, MAMBA host-only (not stored);
+    # node 5: FULL device + L3; node 6: FULL and SWA device+host + L3; node 2 SWA: L3 over the
+    # kept-FULL tombstone
+    snap = _with_storage(small_snapshot(), {4: (8, 2, None), 5: (1, None, None),
+                                            6: (3, 3, None), 2: (None, 4, None)})
+    f = tree_model(snap).frame
+    assert f["sto_full"].tolist() == [-1, -1, -1, -1, 8, 1, 3]
+    assert f["sto_swa"].tolist() == [-1, -1, 4, -1, 2, -1, 3]
+    assert f["sto_mamba"].tolist() == [-1] * 7
+    assert list(f["state_full"]) == ["root", "locked", "in flight", "locked", "host+storage",
+                                     "device+storage", "device+host+storage"]
+    assert list(f["state_swa"]) == ["root", "device", "storage-only", "locked",
+                                    "storage-only", "device", "device+host+storage"]
+    assert list(f["state_mamba"]) == ["root", "tombstone", "device", "locked", "host-only",
+                                      "tombstone", "tombstone"]
+    summ = state_summary(tree_model(snap), "swa")
+    row = summ[summ["state"] == "storage-only"].iloc[0]
+    assert (row["nodes"], row["tokens"], row["color"]) == (2, 8, st_.COLORS[st_.STORAGE_ONLY])
+    # every storage state has its own colour, distinct from every other state's
+    assert len(set(st_.COLORS.values())) == len(st_.COLORS) == len(st_.STATES)
+    for s in st_.STORED_STATES:
+        assert s in st_.STATES and s in st_.MEANING
+
+
+def test_display_state_with_storage():
+    def cs(dev, host, sto, href=0):
+        return ComponentState.on({"device": dev, "host": host, "storage": sto},
+                                 {"host": href})
+    assert st_.display_state(cs(4, 4, 4)) == st_.BOTH_STORED == "device+host+storage"
+    assert st_.display_state(cs(4, None, 4)) == "device+storage"
+    assert st_.display_state(cs(None, 4, 4)) == "host+storage"
+    assert st_.display_state(cs(None, None, 4)) == "storage-only"
+    assert st_.display_state(cs(None, None, 4), full_resident=True) == "storage-only"
+    assert st_.display_state(cs(None, 4, 4, href=1)) == "locked"
+    html = st_.legend_html(["device", "storage-only", "host+storage"])
+    assert html.count("<span title=") == 3
+    assert st_.COLORS[st_.STORAGE_ONLY] in html and st_.COLORS[st_.HOST_STORED] in html
+    # a storage chip's rim is the storage colour
+    assert html.count(f"border:1px solid {st_.COLORS[st_.STORAGE_ONLY]}") == 2

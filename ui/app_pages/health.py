@@ -19,7 +19,7 @@ def health_body() -> None:
     seq = ctx.last_seq()
     snap = data.snapshot(ctx.path, seq)
     viol = health.violations_with_ops(data.violations(ctx.path, seq), data.ops(ctx.path, seq))
-    finds = health.findings_table(snap)
+    finds = health.findings_table(snap, data.events(ctx.path, seq))
     n_err = int((finds["severity"] == "error").sum())
     st.markdown(f"## Health at seq {seq:,}")
     status = data.run_status(ctx.path)

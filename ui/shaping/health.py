@@ -9,6 +9,7 @@ import pandas as pd
 
 from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.telemetry.analysis import doctor
+from radixscope.telemetry.analysis.storage_doctor import pending_from_events, storage_findings
 
 _LINE = re.compile(r"^\s*\[(?P<check>[^\]]+)\]\s+node=(?P<node>None|-?\d+):\s*(?P<detail>.*)$")
 
@@ -57,9 +58,19 @@ def violation_lines(message: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["check", "node", "detail"])
 
 
-def findings_table(snap: CacheSnapshot) -> pd.DataFrame:
-    """``telemetry.analysis.doctor.findings`` as ``severity, subject, message`` rows."""
-    return pd.DataFrame([(f.severity, f.subject, f.message) for f in doctor.findings(snap)],
+def findings_table(snap: CacheSnapshot, events: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``telemetry.analysis.doctor.findings`` as ``severity, subject, message`` rows; with the
+    store's ``events``, the L3 findings too (``storage_doctor``: prefetches started by seq
+    ``snap.seq`` and never handed back past their budget, host pins leaked by finished
+    prefetches / store transfers), "now" being the last event's time at that seq."""
+    found = doctor.findings(snap)
+    if events is not None and not events.empty:
+        upto = events[events["seq"].fillna(-1) <= snap.seq] if "seq" in events else events
+        now = int(upto["ts_ns"].max()) if not upto.empty else 0
+        found += storage_findings(snap, pending_from_events(upto), now)
+        rank = {doctor.ERROR: 0, doctor.WARNING: 1, doctor.INFO: 2}
+        found.sort(key=lambda f: rank[f.severity])
+    return pd.DataFrame([(f.severity, f.subject, f.message) for f in found],
                         columns=["severity", "subject", "message"])
 
 

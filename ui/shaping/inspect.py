@@ -37,15 +37,17 @@ def compact(n: int) -> str:
 def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
     """One row per component x tier: ``component, tier, resident, length, refs, state``.
 
-    ``refs`` is the lock_ref on the device tier and the host_ref on the host tier; ``state`` is
-    the component's display state (the same on both rows).
+    ``refs`` is the lock_ref on the device tier, the host_ref on the host tier and 0 in L3
+    storage (nothing pins a stored page); ``state`` is the component's display state (the same
+    on every row).
     """
     i = model.row(node_id)
     r = model.frame.iloc[i]
     rows = []
     for c in model.components:
         for tier, length, refs in ((ev.TIER_DEVICE, r[f"dev_{c}"], r[f"lock_{c}"]),
-                                   (ev.TIER_HOST, r[f"host_{c}"], r[f"href_{c}"])):
+                                   (ev.TIER_HOST, r[f"host_{c}"], r[f"href_{c}"]),
+                                   (ev.TIER_STORAGE, r[f"sto_{c}"], 0)):
             rows.append((c, tier, bool(length >= 0), int(max(length, 0)), int(refs),
                          str(r[f"state_{c}"])))
     return pd.DataFrame(rows, columns=["component", "tier", "resident", "length", "refs",
@@ -54,7 +56,7 @@ def component_table(model: TreeModel, node_id: int) -> pd.DataFrame:
 
 def state_notes(model: TreeModel, node_id: int) -> list[str]:
     """One plain sentence per component whose display state needs words (``FULL kept``
-    tombstones, host-only data): ``"swa: tombstone, FULL kept - ..."``. A kept tombstone is
+    tombstones, host-only data, data only in host and L3 or only in L3): ``"swa: tombstone, FULL kept - ..."``. A kept tombstone is
     explained by the component itself (``Component.tombstone_meaning``)."""
     r = model.frame.loc[node_id]
     out = []
@@ -62,7 +64,7 @@ def state_notes(model: TreeModel, node_id: int) -> list[str]:
         s = str(r[f"state_{c}"])
         if s == st_.FULL_KEPT:
             out.append(f"{c}: {s} - {rules(c).tombstone_meaning}")
-        elif s == st_.HOST_ONLY:
+        elif s in (st_.HOST_ONLY, st_.HOST_STORED, st_.STORAGE_ONLY):
             out.append(f"{c}: {s} - {st_.MEANING[s]}")
     return out
 
@@ -135,7 +137,8 @@ def to_dot(g: nx.DiGraph, component: str) -> str:
     for n, a in g.nodes(data=True):
         state = a[f"state_{component}"]
         fill = st_.color_of(state)
-        font = "white" if state in (st_.ROOT, st_.LOCKED, st_.IN_FLIGHT, st_.BOTH) else "black"
+        font = "white" if state in (st_.ROOT, st_.LOCKED, st_.IN_FLIGHT, st_.BOTH, st_.BOTH_STORED,
+                                     st_.STORAGE_ONLY) else "black"
         pen = ", penwidth=3" if a["kind"] == "focus" else ""
         plain = a["kind"] in ("root", "more") or state == st_.ROOT
         label = a["label"].replace('"', "'") + ("" if plain else f"\n{state}")

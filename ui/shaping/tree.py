@@ -17,6 +17,7 @@ lengths, its reverse for subtree sums), so a 100k-node snapshot costs a fraction
 | ``extra_key``         | namespace (``None`` for the default one), as text                  |
 | ``state_<c>``         | display state of component ``c`` (``ui.shaping.states``)           |
 | ``dev_<c>``/``host_<c>`` | length on the device / host tier (-1 = no value there)          |
+| ``sto_<c>``           | length in L3 storage (tokens; 1 for a MAMBA state; -1 = not there) |
 | ``lock_<c>``/``href_<c>`` | lock_ref / host_ref of component ``c``                         |
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.cache.tiers import Tier
 from radixscope.telemetry.analysis.doctor import unit_of
 from radixscope.ui.shaping import states as st_
 
@@ -158,13 +160,15 @@ def tree_model(snap: CacheSnapshot) -> TreeModel:
     host = _field(flat, "host_len", n, k)
     lock = _field(flat, "lock_ref", n, k)
     href = _field(flat, "host_ref", n, k)
+    sto = _storage_lens(flat, n, k)
     for ci, comp in enumerate(snap.components):
-        cols[f"state_{comp}"] = _states(dev[:, ci], host[:, ci], lock[:, ci], href[:, ci], ids,
-                                        flying.get(comp, set()),
+        cols[f"state_{comp}"] = _states(dev[:, ci], host[:, ci], sto[:, ci], lock[:, ci],
+                                        href[:, ci], ids, flying.get(comp, set()),
                                         dev[:, 0] >= 0 if ci and unit_of(comp) == "tokens"
                                         else None)
         cols[f"dev_{comp}"] = dev[:, ci]
         cols[f"host_{comp}"] = host[:, ci]
+        cols[f"sto_{comp}"] = sto[:, ci]
         cols[f"lock_{comp}"] = lock[:, ci]
         cols[f"href_{comp}"] = href[:, ci]
     frame = pd.DataFrame(cols, index=pd.Index(ids, name="node_id"))
@@ -193,15 +197,35 @@ def _field(flat: list, name: str, n: int, k: int) -> np.ndarray:
     return out.reshape(n, k)
 
 
-def _states(dev: np.ndarray, host: np.ndarray, lock: np.ndarray, href: np.ndarray,
-            ids: np.ndarray, flying: set[int], full_dev: np.ndarray | None) -> pd.Categorical:
+def _storage_lens(flat: list, n: int, k: int) -> np.ndarray:
+    """Every node's L3 length per component as an ``(n, k)`` int array (None -> -1)."""
+    t = Tier.STORAGE
+    out = np.fromiter((-1 if (v := c.length(t)) is None else v for c in flat), dtype=np.int64,
+                      count=n * k)
+    return out.reshape(n, k)
+
+
+def _stored(code: np.ndarray, on_sto: np.ndarray) -> np.ndarray:
+    """Codes of nodes with an L3 copy moved to their storage-family state."""
+    out = code.copy()
+    for plain in (st_.DEVICE, st_.BOTH, st_.HOST_ONLY, st_.TOMBSTONE, st_.FULL_KEPT):
+        sel = on_sto & (code == _CODE[plain])
+        out[sel] = _CODE[st_.stored_state(plain, True)]
+    return out
+
+
+def _states(dev: np.ndarray, host: np.ndarray, sto: np.ndarray, lock: np.ndarray,
+            href: np.ndarray, ids: np.ndarray, flying: set[int], full_dev: np.ndarray | None
+            ) -> pd.Categorical:
     """Display-state codes; ``full_dev`` (auxiliary components) marks nodes whose FULL is on
-    device, where a tombstone is drawn as ``FULL_KEPT``."""
+    device, where a tombstone is drawn as ``FULL_KEPT``; an L3 copy (``sto``) moves a node to
+    the storage colour family."""
     on_dev, on_host = dev >= 0, host >= 0
     gone = _CODE[st_.TOMBSTONE] if full_dev is None else np.where(
         full_dev, _CODE[st_.FULL_KEPT], _CODE[st_.TOMBSTONE])
     code = np.where(on_dev, np.where(on_host, _CODE[st_.BOTH], _CODE[st_.DEVICE]),
                     np.where(on_host, _CODE[st_.HOST_ONLY], gone))
+    code = _stored(code, sto >= 0)
     code[(lock > 0) | (href > 0)] = _CODE[st_.LOCKED]
     if flying:
         code[np.isin(ids, np.fromiter(flying, dtype=np.int64))] = _CODE[st_.IN_FLIGHT]

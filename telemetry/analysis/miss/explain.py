@@ -18,9 +18,13 @@ when. Each finding is a ``Reason``:
 |                      | op), FULL still resident on device: an insert of the prefix heals it    |
 | ``no_mamba_state``   | no MAMBA state at the node where the match would end                    |
 | ``not_cached``       | no node ever held the rest of the key in this namespace (in the window) |
+| ``in_storage``       | the rest was in L3 storage and the request's prefetch stopped short:    |
+|                      | "in storage, prefetch stopped at N tokens (deadline after X ms)"        |
+| ``storage_miss``     | the request's prefetch found no more of the key in L3 storage           |
 
 ``tier`` is the deepest tier the data is missing from: ``device`` (a host copy exists) or
-``host`` (on neither tier). The key comes from ``tokens=``, else a ``request`` event carrying
+``host`` (on neither tier); ``storage`` for the L3 reasons (``miss/storage.py``, from the
+request's last ``prefetch`` op record before the match). The key comes from ``tokens=``, else a ``request`` event carrying
 ``tokens`` for the request, else the longest key the request itself inserted.
 """
 
@@ -34,6 +38,7 @@ import pandas as pd
 from radixscope.cache import events as ev
 from radixscope.telemetry.analysis.miss import walk as st
 from radixscope.telemetry.analysis.miss.history import KeyHistory
+from radixscope.telemetry.analysis.miss.storage import STORAGE_CODES, storage_reasons
 from radixscope.telemetry.analysis.miss.why import Why
 
 PAGE_ALIGNMENT = "page_alignment"
@@ -44,7 +49,7 @@ SWA_PRESSURE = "swa_pressure"
 NO_MAMBA_STATE = "no_mamba_state"
 NOT_CACHED = "not_cached"
 REASON_CODES = (PAGE_ALIGNMENT, NAMESPACE_MISMATCH, EVICTED, SWA_TOMBSTONE, SWA_PRESSURE,
-                NO_MAMBA_STATE, NOT_CACHED)
+                NO_MAMBA_STATE, NOT_CACHED, *STORAGE_CODES)
 REQUEST_EVENT = "request"  # an event whose attrs carry {"req_id", "tokens"}: the explainer's key
 MATCH_KEY_ATTR = "key"  # the match op's own key, when the cache records it in the op's attrs
 
@@ -158,13 +163,16 @@ def explain_miss(source, req_id: str, *, tokens: Sequence[int] | None = None,
     window = int((source.config() if hasattr(source, "config") else {}).get("sliding_window")
                  or 0)
     why = Why(tree, walk, key, ns, window, hist, names, raw_len=len(raw))
+    found = why.reasons()
+    if int(attrs[ev.A_DEVICE_TOKENS]) < k_len:
+        found += storage_reasons(ops, req_id, int(row["op_id"]))
     return MissExplanation(
         req_id=req_id, op_id=int(row["op_id"]), seq=int(row["seq_first"]), extra_key=ns,
         key_len=k_len, device_len=int(attrs[ev.A_DEVICE_TOKENS]),
         host_len=why.length(why.comb_host),
         full_len=why.length(why.full_host), tokens_source=src,
         consistent=why.length(why.comb_dev) == int(attrs[ev.A_DEVICE_TOKENS]),
-        reasons=tuple(Reason(**r) for r in why.reasons()))
+        reasons=tuple(Reason(**r) for r in found))
 
 
 def explain_requests(source, req_ids: Sequence[str] | None = None) -> pd.DataFrame:
