@@ -57,6 +57,9 @@ class Admitter:
         self.refusals = 0
         self.verified = 0  # reused prefixes checked against the model
         self.verified_tokens = 0
+        # called with (BudgetViolation, CacheOutOfMemory) right after one is recorded; a strict
+        # run raises from it to stop at the first broken admission guarantee
+        self.on_violation = None
 
     def never_fits(self, seq: Sequence) -> str | None:
         """Why the request can never run on these pools, even alone; None when it can."""
@@ -225,6 +228,8 @@ class Admitter:
             self.tel.record_violation(
                 f"request {seq.rid} passed admission but its {stage} ran out of memory: {e}",
                 kind="budget", details={"req_id": seq.rid, "stage": stage, "admission": adm})
+        if self.on_violation is not None:
+            self.on_violation(v, e)
 
 
 __all__ = ["Admitter", "BudgetViolation", "ADMITTED", "REFUSED", "REJECTED"]
