@@ -138,7 +138,7 @@ class Admitter:
             if self.tel is not None:
                 self.tel.record_admission(rid, True, attempts=seq.attempts, **numbers)
             try:
-                self._load_and_lock(seq, m)
+                self._load_and_lock(seq, m, adm)
             except CacheOutOfMemory as e:
                 self._violation(seq, "load_back", e, adm.as_dict())
                 return REFUSED
@@ -155,7 +155,7 @@ class Admitter:
                 return REFUSED
         return ADMITTED
 
-    def _load_and_lock(self, seq: Sequence, m) -> None:
+    def _load_and_lock(self, seq: Sequence, m, adm) -> None:
         c, rid = self.cache, seq.rid
         loaded: dict[str, int] = {}
         if m.needs_load_back:
@@ -163,6 +163,7 @@ class Admitter:
             if m.mamba_slot is not None:  # copied from last_device_node, above the anchor
                 c.free(m.mamba_slot, component=STATE, req_id=rid)
             lb = c.load_back(m, cow_mamba=cow, req_id=rid)
+            self._prefill_still_fits(adm)
             if lb.transfer_id is not None:
                 c.poll([lb.transfer_id], wait=True)
             idx, prefix, anchor, slot = lb.device_indices, lb.device_prefix_len, lb.anchor, \
@@ -183,6 +184,25 @@ class Admitter:
         seq.swa_loaded = loaded.get(WINDOW, 0)
         seq.mamba_loaded = loaded.get(STATE, 0)
         seq.mamba_device_hit = int(self.mamba and prefix > 0 and not seq.mamba_loaded)
+
+    def _prefill_still_fits(self, adm) -> None:
+        """The admission guarantee, checked right after the load-back (not one chunk later):
+        what admission promised the first chunk per KV component must still be free or
+        evictable now that the load-back took its slots (its own path is pinned by then).
+        Raises ``CacheOutOfMemory`` with the numbers when it is not."""
+        c = self.cache
+        for need in adm.components:
+            if need.unit != "tokens" or not need.prefill:
+                continue
+            room = c.available(need.component) + c.evictable_slots(need.component)
+            if room < need.prefill:
+                snap = {p.component: p for p in c.snapshot().pools if p.tier == "device"}
+                raise CacheOutOfMemory(need.component, "device", need.prefill,
+                                       c.available(need.component),
+                                       c.evictable_slots(need.component),
+                                       snap[need.component].protected,
+                                       "after the load-back, the first chunk admission "
+                                       "promised no longer fits")
 
     def _verify_prefix(self, seq: Sequence) -> None:
         """Every reused position must hold exactly what the model wrote for that prefix."""
