@@ -177,7 +177,10 @@ class Invariants:
             self._check_transfer_slots(t, v)
         for tid in pending:
             if tid not in self.transfers:
-                v.append(("transfer.orphan_queued", None, f"transfer {tid} queued but not in flight"))
+                t = getattr(pending[tid], "transfer", None)
+                v.append(("transfer.orphan_queued", getattr(t, "anchor", None),
+                          f"{getattr(t, 'kind', 'transfer')} {tid} queued but not in flight: "
+                          "it was acked before its copy ran"))
         for rid, entry in self.locks.items():
             owner = entry.owner
             if not (isinstance(owner, str) and owner.startswith("transfer:")):

@@ -34,6 +34,7 @@ class BudgetViolation:
     stage: str  # "load_back" or "prefill"
     error: str
     admission: dict
+    anchor: int | None = None  # the match's load-back anchor (best_match_node)
 
 
 class Admitter:
@@ -140,7 +141,7 @@ class Admitter:
             try:
                 self._load_and_lock(seq, m, adm)
             except CacheOutOfMemory as e:
-                self._violation(seq, "load_back", e, adm.as_dict())
+                self._violation(seq, "load_back", e, adm.as_dict(), m.best_match_node)
                 return REFUSED
             self._verify_prefix(seq)
             seq.phase = PREFILL
@@ -150,7 +151,7 @@ class Admitter:
                 else:
                     seq.phase = DECODE
             except CacheOutOfMemory as e:
-                self._violation(seq, "prefill", e, adm.as_dict())
+                self._violation(seq, "prefill", e, adm.as_dict(), m.best_match_node)
                 self.driver.retract(seq)
                 return REFUSED
         return ADMITTED
@@ -241,8 +242,9 @@ class Admitter:
                                       **{**numbers, "reason": reason})
         return REJECTED
 
-    def _violation(self, seq: Sequence, stage: str, e: CacheOutOfMemory, adm: dict) -> None:
-        v = BudgetViolation(seq.rid, stage, str(e), adm)
+    def _violation(self, seq: Sequence, stage: str, e: CacheOutOfMemory, adm: dict,
+                   anchor: int | None = None) -> None:
+        v = BudgetViolation(seq.rid, stage, str(e), adm, anchor)
         self.budget_violations.append(v)
         if self.tel is not None:
             self.tel.record_violation(

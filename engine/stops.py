@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import traceback
 
+from radixscope.cache import events as ev
 from radixscope.cache.errors import CacheOutOfMemory, InvariantViolation
 from radixscope.engine.engine import EngineStuck
 from radixscope.engine.instrument import OpViolation
@@ -26,6 +27,8 @@ class BudgetBroken(RuntimeError):
     def __init__(self, violation, oom: CacheOutOfMemory) -> None:
         self.violation = violation
         self.oom = oom
+        self.req_id = violation.req_id
+        self.nodes = () if violation.anchor is None else (violation.anchor,)
         super().__init__(f"request {violation.req_id} passed admission but its "
                          f"{violation.stage} ran out of memory: {oom}")
 
@@ -35,13 +38,22 @@ def stop_on_budget(violation, oom: CacheOutOfMemory) -> None:
     raise BudgetBroken(violation, oom) from oom
 
 
+def _op_node(op) -> list[int]:
+    """The node an op record names (its ``node`` attribute), as a list."""
+    node = (op.attrs or {}).get(ev.A_NODE) if op is not None else None
+    return [node] if isinstance(node, int) and not isinstance(node, bool) else []
+
+
 def op_violation(e: OpViolation, step: int) -> dict:
-    """The report of ``check()`` failing right after one cache call."""
+    """The report of ``check()`` failing right after one cache call. A pool-wide violation
+    (a ledger, a pool's conservation) names no node: the op's own node stands for it."""
     name, node, detail = e.violation.violations[0]
     op = e.op
-    return {"message": f"step {step}: {e}", "invariant": name, "rule": name, "node": node,
-            "nodes": list(dict.fromkeys(v[1] for v in e.violation.violations
-                                        if v[1] is not None)),
+    nodes = list(dict.fromkeys(v[1] for v in e.violation.violations if v[1] is not None))
+    nodes = nodes or _op_node(op)
+    return {"message": f"step {step}: {e}", "invariant": name, "rule": name,
+            "node": node if node is not None else (nodes[0] if nodes else None),
+            "nodes": nodes,
             "detail": detail, "step": step, "call": e.call, "req_id": e.req_id,
             "op_id": op.op_id if op else None, "op": op.op if op else None,
             "seq": op.seq_last if op else None,
@@ -51,7 +63,7 @@ def op_violation(e: OpViolation, step: int) -> dict:
 def _blame(result, e: BaseException) -> dict:
     """The op the problem was found at (the last one recorded), the rule and the nodes."""
     op = result.counter.last_op
-    nodes = list(getattr(e, "nodes", ()) or ())
+    nodes = list(getattr(e, "nodes", ()) or ()) or _op_node(op)
     return {"op": op.op if op else None, "op_id": op.op_id if op else None,
             "seq": op.seq_last if op else None, "req_id": getattr(e, "req_id", None)
             or (op.req_id if op else None), "rule": getattr(e, "rule", None), "nodes": nodes,
