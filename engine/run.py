@@ -201,7 +201,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             raise
         except Exception as e:  # noqa: BLE001 - every problem ends the run with a report
             result.detected_op_id = cache.cache.current_op_id
-            stopped(result, e, spec, engine, bundles, fault)
+            stopped(result, e, engine, bundles,
+                    lambda step, found: locate(spec, step, found, fault))
         result.wall_s = time.perf_counter() - t0
         if bundles is not None:
             result.bundles = bundles.written

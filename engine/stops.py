@@ -70,9 +70,10 @@ def _blame(result, e: BaseException) -> dict:
             "node": nodes[0] if nodes else None}
 
 
-def stopped(result, e: Exception, spec, engine, bundles, fault) -> None:
+def stopped(result, e: Exception, engine, bundles, locate) -> None:
     """Fill ``result`` (error, kind, violation) for ``e`` and write its bundle when the cache's
-    own error hook did not."""
+    own error hook did not. ``locate(step, violation)`` names the op behind a violation a
+    step-level ``check()`` found (``engine.run.locate``)."""
     step = engine.step_no
     dump = bundles.dump if bundles is not None else (lambda **kw: None)
     if isinstance(e, OpViolation):
@@ -83,10 +84,8 @@ def stopped(result, e: Exception, spec, engine, bundles, fault) -> None:
         dump(note=result.error, exc=e.violation, op=v["op"], op_id=v["op_id"], rule=v["rule"],
              nodes=v["nodes"])
     elif isinstance(e, InvariantViolation):  # the step-level check(): its hook bundled it
-        from radixscope.engine.run import locate
-
         result.error_kind = "invariant"
-        result.violation = locate(spec, step, e, fault)
+        result.violation = locate(step, e)
         result.error = result.violation["message"]
     elif isinstance(e, ContentMismatch | LeakedLock | BudgetBroken):
         blame = _blame(result, e)

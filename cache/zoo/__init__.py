@@ -42,6 +42,7 @@ class Fault:
     mechanism: str
     caught_by: str
     install: Callable[[Any, Injection], None]
+    target: str = "cache"  # what ``inject`` takes: a ``HiRadixCache`` or a ``PrefetchController``
 
 
 @dataclass
@@ -99,33 +100,36 @@ class UnknownFault(ValueError):
 
 
 def _registry() -> dict[str, Fault]:
-    from radixscope.cache.zoo import transfer_faults, tree_faults
+    from radixscope.cache.zoo import prefetch_faults, transfer_faults, tree_faults
 
     out: dict[str, Fault] = {}
-    for f in (*tree_faults.FAULTS, *transfer_faults.FAULTS):
+    for f in (*tree_faults.FAULTS, *transfer_faults.FAULTS, *prefetch_faults.FAULTS):
         out[f.name] = f
     return dict(sorted(out.items(), key=lambda kv: kv[1].number))
 
 
-def faults() -> dict[str, Fault]:
-    """Every engine-injectable fault by name, in class order."""
-    return _registry()
+def faults(target: str | None = None) -> dict[str, Fault]:
+    """Every fault by name, in class order (only those for ``target``, when given)."""
+    return {k: f for k, f in _registry().items() if target is None or f.target == target}
 
 
-def names() -> tuple[str, ...]:
-    return tuple(_registry())
+def names(target: str = "cache") -> tuple[str, ...]:
+    """The faults ``inject`` can put on a ``target`` (``"cache"``: what ``--inject`` takes)."""
+    return tuple(faults(target))
 
 
-def inject(cache: Any, name: str) -> Injection:
-    """Install fault ``name`` on ``cache`` (a ``HiRadixCache``). Returns the ``Injection``.
+def inject(obj: Any, name: str, target: str = "cache") -> Injection:
+    """Install fault ``name`` on ``obj`` (a ``HiRadixCache`` for ``target="cache"``, a
+    ``PrefetchController`` for ``"prefetch"``). Returns the ``Injection``.
 
     Raises:
-        UnknownFault: ``name`` is not in the zoo (the message lists the known names).
+        UnknownFault: ``name`` is not a ``target`` fault (the message lists the known names).
     """
-    reg = _registry()
+    reg = faults(target)
     fault = reg.get(name) if isinstance(name, str) else None
     if fault is None:
         raise UnknownFault(f"unknown fault {name!r}; the zoo has: {', '.join(reg)}")
+    cache = obj
     inj = Injection(fault, cache)
     fault.install(cache, inj)
     return inj
