@@ -16,17 +16,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from radixscope.cache import zoo
 from radixscope.cache.components import NAMES
 from radixscope.cache.config import PRESET_OF_COMPONENTS, PRESETS, CacheConfig
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.hiradix import HiRadixCache
 from radixscope.cache.memory import check_fits
 from radixscope.engine import workloads
-from radixscope.cache import zoo
 from radixscope.engine.bundles import RunBundles
-from radixscope.engine.stops import op_violation, stop_on_budget, stopped
 from radixscope.engine.engine import Engine, EngineConfig
 from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCache
+from radixscope.engine.stops import op_violation, stop_on_budget, stopped
 
 Hook = Callable[[Engine], None]
 SIZE_FIELDS = ("page_size", "device_tokens", "host_tokens", "swa_device_tokens",

@@ -4,20 +4,18 @@ engine run yet (the engine has no L3 tier wired: see docs/zoo.md)."""
 
 from __future__ import annotations
 
-from radixscope.cache.storage.prefetch_policy import LocalView, StopPolicy
+import dataclasses
+
+from radixscope.cache.storage.prefetch_policy import LocalView, StopPolicy, can_terminate
 from radixscope.cache.zoo import Fault
 
 
 def _can_terminate_pre_fix(policy: StopPolicy, view: LocalView) -> tuple[bool, str]:
     """SGLang's ``can_terminate_prefetch`` before the HiMamba fix: FULL complete means done,
-    whatever the pool transfers aligned to it are doing."""
-    if view.worker_done or view.full_complete:
-        return True, "complete"
-    if policy is StopPolicy.BEST_EFFORT:
-        return True, "terminated"
-    if policy is StopPolicy.TIMEOUT and view.elapsed_s > view.budget_s:
-        return True, "deadline"
-    return False, "incomplete"
+    whatever the pool transfers aligned to it are doing (the fixed rule, blind to them)."""
+    blind = dataclasses.replace(view, has_pools=False,
+                                worker_done=view.worker_done or view.full_complete)
+    return can_terminate(policy, blind)
 
 
 def _install(ctl, inj) -> None:

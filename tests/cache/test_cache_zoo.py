@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from radixscope.cache import HiRadixCache, zoo
+from radixscope.cache import zoo
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.storage.prefetch_policy import can_terminate
 from tests.cache.test_cache_storage_prefetch import cfg
-from tests.kits.cachekit import Driver, make_config, parents, states
+from tests.kits.cachekit import seed_001_tree
 from tests.kits.prefetchkit import POOL_SETS, Gate, Rig, drive, settle
-
-K = list(range(1, 17))
 
 
 @pytest.mark.parametrize("hold", ["lock", "host_ref"])
@@ -23,13 +21,7 @@ def test_class_3_tombstone_cascade_is_caught_by_the_evict_that_does_it(hold):
     """Seed 001's tree: node 2 (no MAMBA state: useless once childless) is locked, or its
     backup is in flight. The buggy cascade deletes it with its children; ``check()`` right
     after that evict names the deleted node the lock table still pins."""
-    c = HiRadixCache(make_config(("full", "mamba"), device_tokens=32, host_tokens=64,
-                                 write_policy="write_through_selective",
-                                 write_through_threshold=100))
-    d = Driver(c)
-    d.insert(K[:8])
-    d.insert(K[:4] + [90, 91, 92, 93])
-    assert parents(c) == {1: 2, 2: 0, 3: 2} and states(c, "mamba")[2] == "tombstone"
+    c, _ = seed_001_tree()
     if hold == "lock":
         c.lock(2, owner="req-9")
     else:
