@@ -51,8 +51,7 @@ def op_violation(e: OpViolation, step: int) -> dict:
     op = e.op
     nodes = list(dict.fromkeys(v[1] for v in e.violation.violations if v[1] is not None))
     nodes = nodes or _op_node(op)
-    return {"message": f"step {step}: {e}", "invariant": name, "rule": name,
-            "node": node if node is not None else (nodes[0] if nodes else None),
+    return {"message": f"step {step}: {e}", "invariant": name, "rule": name, "node": node,
             "nodes": nodes,
             "detail": detail, "step": step, "call": e.call, "req_id": e.req_id,
             "op_id": op.op_id if op else None, "op": op.op if op else None,
@@ -99,7 +98,7 @@ def stopped(result, e: Exception, engine, bundles, locate) -> None:
         else:
             result.error_kind = "budget"
             blame.update(stage=e.violation.stage, admission=e.violation.admission)
-        result.error = f"step {step}: {e}"
+        result.error = str(e) if isinstance(e, ContentMismatch) else f"step {step}: {e}"
         result.violation = {"message": result.error, "step": step, **blame}
         dump(note=result.error, exc=e.oom if isinstance(e, BudgetBroken) else e,
              op=blame["op"], op_id=blame["op_id"], rule=blame["rule"], nodes=blame["nodes"])
