@@ -18,7 +18,7 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from radixscope.cache.tiers import DEVICE, HOST, RESIDENT, STORAGE, TIER_LABELS, TIERS, per_tier
+from radixscope.cache.tiers import DEVICE, HOST, RESIDENT, STORAGE, TIER_LABELS, TIERS, Tier, per_tier
 
 
 class Invariants:
@@ -78,6 +78,10 @@ class Invariants:
                 v.append(("full.lock_path_closed", nid, f"pinned (lock_ref {f.refs[DEVICE]}) under "
                           f"unpinned parent {par.id}: the parent counts as evictable but no leaf "
                           "eviction can reach it"))
+            if f.refs[DEVICE] > 0 and f.values[DEVICE] is None:
+                v.append((f"{comps[0].name}.pin_without_device", nid, f"lock_ref {f.refs[DEVICE]} "
+                          "on a node holding no device value: a lock must skip (and record) an "
+                          "evicted bottom segment"))
             if f.values[DEVICE] is not None and par.parent is not None and par.data[0].values[DEVICE] is None:
                 v.append(("full.device_prefix_closed", nid, f"device value under device-evicted parent {par.id}"))
             if (write_through and f.values[HOST] is not None and par.parent is not None
@@ -174,9 +178,13 @@ class Invariants:
             if tid not in pending:
                 v.append(("transfer.unackable", t.anchor, f"transfer {tid} is in flight but not "
                           "queued: no poll can ack it"))
+            self._check_transfer_slots(t, v)
         for tid in pending:
             if tid not in self.transfers:
-                v.append(("transfer.orphan_queued", None, f"transfer {tid} queued but not in flight"))
+                t = getattr(pending[tid], "transfer", None)
+                v.append(("transfer.orphan_queued", getattr(t, "anchor", None),
+                          f"{getattr(t, 'kind', 'transfer')} {tid} queued but not in flight: "
+                          "it was acked before its copy ran"))
         for rid, entry in self.locks.items():
             owner = entry.owner
             if not (isinstance(owner, str) and owner.startswith("transfer:")):
@@ -191,6 +199,20 @@ class Invariants:
             if dead or nid not in self.tree.nodes:
                 v.append(("transfer.loading_mark", nid, f"marked as loading by transfers {list(tids)}"
                           f"; not in flight: {dead}"))
+
+    def _check_transfer_slots(self, t, v: list) -> None:
+        """Every slot an in-flight transfer reads or writes is allocated: a freed one means a
+        copy runs on memory another owner may already hold (use after free)."""
+        for cp in t.copies:
+            ci = self.ci[cp.component]
+            for tier_label, idx in ((cp.src_tier, cp.src), (cp.dst_tier, cp.dst)):
+                alloc = self.pool(ci, Tier.of(tier_label)).alloc
+                freed = sorted({int(s) for s in idx.tolist()
+                                if not alloc.is_used(int(s) // alloc.page_size)})
+                if freed:
+                    v.append(("transfer.slot_freed", t.anchor,
+                              f"{t.kind} {t.transfer_id} still {'reads' if idx is cp.src else 'writes'}"
+                              f" {cp.component}/{tier_label} slots {freed[:8]}, which are free"))
 
     def _check_pool(self, comp, tier: int, values: list[torch.Tensor], v: list) -> None:
         ci = comp.index

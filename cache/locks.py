@@ -75,3 +75,8 @@ class Locks(CacheCore):
         cis = {c.index for c in self.comps if c.priority <= pri}
         self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
         return dataclasses.replace(receipt, swa_released=True)
+
+    def locks_owned_by(self, owner: str) -> tuple[int, ...]:
+        """Receipt ids of the live locks ``owner`` holds (read-only, O(live locks)): a request
+        that ended must hold none."""
+        return tuple(rid for rid, e in self.locks.items() if e.owner == owner)

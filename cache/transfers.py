@@ -234,8 +234,10 @@ class Transfers(CacheCore):
             ok = [v(n) for v in vals]
         bad = [self.comps[i].name for i, good in enumerate(ok) if not good]
         if bad:
-            raise StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
+            err = StaleHandle(f"load-back anchor node {anchor.id} is not accepted by component(s) "
                               f"{bad}: the match is stale; match again")
+            err.rule, err.nodes = "load_back.anchor_accepted", (anchor.id,)
+            raise err
 
     def _check_room(self, anchor: Node, need: dict[int, int]) -> None:
         """Raise CacheOutOfMemory unless every component can make room with the anchor's own path

@@ -34,6 +34,7 @@ class BudgetViolation:
     stage: str  # "load_back" or "prefill"
     error: str
     admission: dict
+    anchor: int | None = None  # the match's load-back anchor (best_match_node)
 
 
 class Admitter:
@@ -59,6 +60,9 @@ class Admitter:
         self.verified_tokens = 0
         # with an L3 tier, admission's match reports what a finished prefetch brought
         self._l3 = {"prefetch": True} if getattr(self.cache, "storage", None) else {}
+        # called with (BudgetViolation, CacheOutOfMemory) right after one is recorded; a strict
+        # run raises from it to stop at the first broken admission guarantee
+        self.on_violation = None
 
     def never_fits(self, seq: Sequence) -> str | None:
         """Why the request can never run on these pools, even alone; None when it can."""
@@ -137,9 +141,9 @@ class Admitter:
             if self.tel is not None:
                 self.tel.record_admission(rid, True, attempts=seq.attempts, **numbers)
             try:
-                self._load_and_lock(seq, m)
+                self._load_and_lock(seq, m, adm)
             except CacheOutOfMemory as e:
-                self._violation(seq, "load_back", e, adm.as_dict())
+                self._violation(seq, "load_back", e, adm.as_dict(), m.best_match_node)
                 return REFUSED
             self._verify_prefix(seq)
             seq.phase = PREFILL
@@ -149,12 +153,12 @@ class Admitter:
                 else:
                     seq.phase = DECODE
             except CacheOutOfMemory as e:
-                self._violation(seq, "prefill", e, adm.as_dict())
+                self._violation(seq, "prefill", e, adm.as_dict(), m.best_match_node)
                 self.driver.retract(seq)
                 return REFUSED
         return ADMITTED
 
-    def _load_and_lock(self, seq: Sequence, m) -> None:
+    def _load_and_lock(self, seq: Sequence, m, adm) -> None:
         c, rid = self.cache, seq.rid
         loaded: dict[str, int] = {}
         if m.needs_load_back:
@@ -162,6 +166,7 @@ class Admitter:
             if m.mamba_slot is not None:  # copied from last_device_node, above the anchor
                 c.free(m.mamba_slot, component=STATE, req_id=rid)
             lb = c.load_back(m, cow_mamba=cow, req_id=rid)
+            self._prefill_still_fits(adm)
             if lb.transfer_id is not None:
                 c.poll([lb.transfer_id], wait=True)
             idx, prefix, anchor, slot = lb.device_indices, lb.device_prefix_len, lb.anchor, \
@@ -183,6 +188,25 @@ class Admitter:
         seq.swa_loaded = loaded.get(WINDOW, 0)
         seq.mamba_loaded = loaded.get(STATE, 0)
         seq.mamba_device_hit = int(self.mamba and prefix > 0 and not seq.mamba_loaded)
+
+    def _prefill_still_fits(self, adm) -> None:
+        """The admission guarantee, checked right after the load-back (not one chunk later):
+        what admission promised the first chunk per KV component must still be free or
+        evictable now that the load-back took its slots (its own path is pinned by then).
+        Raises ``CacheOutOfMemory`` with the numbers when it is not."""
+        c = self.cache
+        for need in adm.components:
+            if need.unit != "tokens" or not need.prefill:
+                continue
+            room = c.available(need.component) + c.evictable_slots(need.component)
+            if room < need.prefill:
+                snap = {p.component: p for p in c.snapshot().pools if p.tier == "device"}
+                raise CacheOutOfMemory(need.component, "device", need.prefill,
+                                       c.available(need.component),
+                                       c.evictable_slots(need.component),
+                                       snap[need.component].protected,
+                                       "after the load-back, the first chunk admission "
+                                       "promised no longer fits")
 
     def _verify_prefix(self, seq: Sequence) -> None:
         """Every reused position must hold exactly what the model wrote for that prefix."""
@@ -221,13 +245,16 @@ class Admitter:
                                       **{**numbers, "reason": reason})
         return REJECTED
 
-    def _violation(self, seq: Sequence, stage: str, e: CacheOutOfMemory, adm: dict) -> None:
-        v = BudgetViolation(seq.rid, stage, str(e), adm)
+    def _violation(self, seq: Sequence, stage: str, e: CacheOutOfMemory, adm: dict,
+                   anchor: int | None = None) -> None:
+        v = BudgetViolation(seq.rid, stage, str(e), adm, anchor)
         self.budget_violations.append(v)
         if self.tel is not None:
             self.tel.record_violation(
                 f"request {seq.rid} passed admission but its {stage} ran out of memory: {e}",
                 kind="budget", details={"req_id": seq.rid, "stage": stage, "admission": adm})
+        if self.on_violation is not None:
+            self.on_violation(v, e)
 
 
 __all__ = ["Admitter", "BudgetViolation", "ADMITTED", "REFUSED", "REJECTED"]

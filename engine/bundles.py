@@ -51,9 +51,14 @@ class RunBundles:
         if self.trigger is not None:
             self.trigger.service()
 
-    def dump(self, note: str, exc: BaseException | None = None,
-             op: str | None = None) -> Path | None:
-        return self.bundler.dump(note=note, exc=exc, op=op)
+    def dump(self, note: str, exc: BaseException | None = None, op: str | None = None,
+             **blame) -> Path | None:
+        """An on-demand bundle for a problem the engine found (``blame``: ``op_id``, ``rule``,
+        ``nodes``: see ``CrashBundler.dump``). With ``blame`` the engine records its own
+        violation report, so the bundle is not announced as a second one."""
+        if blame:
+            blame.setdefault("record_violation", False)
+        return self.bundler.dump(note=note, exc=exc, op=op, **blame)
 
     @property
     def written(self) -> list[Path]:

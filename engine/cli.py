@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when host pages are written to L3 (with --storage)")
     r.add_argument("--prefetch-threshold", type=_int_at_least(0), default=256, metavar="N",
                    help="tokens past the host match below which no prefetch runs")
+    r.add_argument("--load-back-threshold", type=_int_at_least(0), default=0, metavar="N",
+                   help="FULL-only host hits shorter than N tokens are not loaded back "
+                   "(default 0)")
+    r.add_argument("--inject", metavar="NAME", help="demo: re-introduce a bug-zoo crash class "
+                   "on the cache (docs/zoo.md); implies a check after every cache operation")
     kv_cli.add_run_options(r)
     kv_cli.add_watch_parser(sub)
     d = sub.add_parser("doctor", help="budget, violations and admissions of a store in words")
@@ -166,10 +171,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
                    chunk_tokens=ns.chunk_tokens, prefill_budget=ns.prefill_budget,
                    max_running=ns.max_running, trace=ns.trace, storage=ns.storage,
                    prefetch_policy=ns.prefetch_policy, storage_write=ns.storage_write,
-                   prefetch_threshold=ns.prefetch_threshold)
+                   prefetch_threshold=ns.prefetch_threshold,
+                   load_back_threshold=ns.load_back_threshold)
     bar = ProgressBar(0, enabled=False if ns.no_progress else None)
     try:
-        result = execute(spec, on_step=lambda e: _draw(bar, e))
+        result = execute(spec, on_step=lambda e: _draw(bar, e), inject=ns.inject)
     except (ValueError, OSError) as e:  # bad settings; a store path that cannot be written
         raise UsageError(f"radixscope run: error: {e}") from None
     finally:

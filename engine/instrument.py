@@ -134,11 +134,12 @@ class TimedCache:
         return call
 
     def _check(self, name: str, req_id: str | None) -> None:
-        try:
-            self.cache.check()
-        except InvariantViolation as e:
+        # violations(), not check(): the run bundles this failure itself, naming the op that
+        # broke the rule (check() would bundle it as a failure of ``check``)
+        found = self.cache.violations()
+        if found:
             op = self.counter.last_op if self.counter is not None else None
-            raise OpViolation(name, req_id, op, e) from None
+            raise OpViolation(name, req_id, op, InvariantViolation(found))
 
 
 __all__ = ["CountingRecorder", "TimedCache", "OpViolation"]

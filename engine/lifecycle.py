@@ -26,6 +26,26 @@ from radixscope.engine.request import DECODE, QUEUED, Sequence
 _NONE = torch.empty(0, dtype=torch.int64)
 
 
+class LeakedLock(RuntimeError):
+    """A request ended (finished or retracted) while the cache still holds locks it owns.
+
+    Attributes:
+        req_id: the request.
+        anchors: receipt id -> the anchor node each leaked lock pins.
+        rule: the broken rule, for bundles and the UI.
+    """
+
+    rule = "lock.released_at_request_end"
+
+    def __init__(self, req_id: str, anchors: dict[int, int]) -> None:
+        self.req_id = req_id
+        self.anchors = dict(anchors)
+        self.nodes = tuple(sorted(set(anchors.values())))
+        super().__init__(f"request {req_id} ended but still owns lock(s) "
+                         + ", ".join(f"receipt {r} on node {a}" for r, a in anchors.items())
+                         + ": nothing will ever release them")
+
+
 class DecodeBatch:
     """One decode step's model writes: the new position's slots and prefix hash per request."""
 
@@ -251,6 +271,9 @@ class Driver:
             c.unlock(seq.receipt, req_id=rid)
         seq.receipt = None
         seq.full = seq.swa = _NONE
+        leaked = c.locks_owned_by(rid)
+        if leaked:
+            raise LeakedLock(rid, {r: c.locks[r].anchor for r in leaked})
 
     def finish(self, seq: Sequence) -> None:
         with trace.use_span(seq.span, end_on_exit=False):
@@ -265,4 +288,4 @@ class Driver:
         seq.seq_len = seq.cached_len = seq.swa_evicted_len = 0
 
 
-__all__ = ["Driver", "DecodeBatch"]
+__all__ = ["Driver", "DecodeBatch", "LeakedLock"]

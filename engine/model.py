@@ -23,6 +23,8 @@ _SALTS = {BACKBONE: 11, WINDOW: 23, STATE: 37}
 class ContentMismatch(RuntimeError):
     """A pool slot does not hold what the stand-in model wrote for that prefix position."""
 
+    rule = "content.verify"
+
     def __init__(self, req_id: str, component: str, position: int, slot: int, what: str) -> None:
         self.req_id = req_id
         self.component = component

@@ -11,12 +11,12 @@ re-running the (deterministic) run with a check after every cache call from that
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from radixscope.cache import zoo
 from radixscope.cache.components import NAMES
 from radixscope.cache.config import PRESET_OF_COMPONENTS, PRESETS, CacheConfig
 from radixscope.cache.errors import InvariantViolation
@@ -27,9 +27,9 @@ from radixscope.cache.storage.prefetch_policy import PrefetchConfig, StopPolicy
 from radixscope.cache.storage.setup import STORE_POLICIES, StorageSetup
 from radixscope.engine import workloads
 from radixscope.engine.bundles import RunBundles
-from radixscope.engine.engine import Engine, EngineConfig, EngineStuck
+from radixscope.engine.engine import Engine, EngineConfig
 from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCache
-from radixscope.engine.model import ContentMismatch
+from radixscope.engine.stops import op_violation, stop_on_budget, stopped
 
 Hook = Callable[[Engine], None]
 STORAGE_SCHEMES = ("file:", "redis://", "mooncake://")
@@ -62,6 +62,7 @@ class RunSpec:
     prefetch_policy: str = "timeout"
     storage_write: str = "write_through"
     prefetch_threshold: int = 256
+    load_back_threshold: int = 0  # host hits shorter than this (FULL only) are not loaded back
 
     def preset_name(self) -> str:
         if self.components is not None:
@@ -96,7 +97,8 @@ class RunSpec:
                     raise ValueError(f"{k}={v} is for the {comp!r} component, which preset "
                                      f"{name!r} does not have")
                 over[k] = v
-        return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu", **over)
+        return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu",
+                                  load_back_threshold=self.load_back_threshold, **over)
 
     def storage_setup(self, observer=None):
         """The cache's L3 tier (None without ``storage``); opens the backend. ``observer``:
@@ -145,6 +147,8 @@ class RunResult:
     error_kind: str | None = None  # "content", "invariant", "stuck", "crash" (engine raised)
     violation: dict | None = None
     bundles: list = field(default_factory=list)  # crash bundles written during the run
+    injection: object = None  # the zoo fault installed (``radixscope.cache.zoo.Injection``)
+    detected_op_id: int | None = None  # the cache's op id when the run stopped on a problem
 
     @property
     def ok(self) -> bool:
@@ -186,7 +190,8 @@ def _chain(hooks: list[Hook]) -> Hook | None:
     return run_all
 
 
-def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = None) -> RunResult:
+def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = None, *,
+            inject: str | None = None, strict: bool = False) -> RunResult:
     """Run ``spec``. Bad settings (or pools too big for the memory available) raise
     ValueError before anything starts.
 
@@ -195,7 +200,14 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
         on_step: called after every step (a progress bar).
         fault: called after every step before ``on_step``, in the run and in the re-run that
             locates a violation (tests inject faults with it).
+        inject: a bug-zoo fault to install on the cache (``radixscope.cache.zoo``; tests and
+            ``radixscope run --inject`` only). Implies ``strict``.
+        strict: ``check()`` after every cache call, and stop at the first admitted request that
+            runs out of memory; every problem stops the run with a bundle naming the op.
     """
+    if inject is not None and inject not in zoo.names():
+        raise zoo.UnknownFault(f"unknown fault {inject!r}; the zoo has: {', '.join(zoo.names())}")
+    strict = strict or inject is not None
     check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store
     spec.check_storage()
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
@@ -207,44 +219,30 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     bundles = None
     cache = None
     try:
-        engine, counter, cache, cfg = _build(spec, tel.recorder if tel else None, None,
-                                             [fault, on_step], tel)
+        engine, counter, cache, cfg = _build(spec, tel.recorder if tel else None,
+                                             1 if strict else None, [fault, on_step], tel)
+        result = RunResult(spec, cfg, engine, counter, cache, 0.0, spec.store)
+        if inject is not None:
+            result.injection = zoo.inject(cache.cache, inject)
+            if tel is not None:
+                tel.record_event("zoo.inject", result.injection.describe())
         if tel is not None:
             bundles = RunBundles(cache.cache, spec.store, tel)
             engine.on_step = _chain([engine.on_step, bundles.service])
-        result = RunResult(spec, cfg, engine, counter, cache, 0.0, spec.store)
+        if strict:
+            engine.admitter.on_violation = stop_on_budget
         t0 = time.perf_counter()
         try:
             engine.run()
-        except ContentMismatch as e:
-            result.error, result.error_kind = str(e), "content"
-            result.violation = {"req_id": e.req_id, "component": e.component,
-                                "position": e.position, "slot": e.slot}
-            if bundles is not None:
-                bundles.dump(note=str(e))
-        except InvariantViolation as e:
-            result.error_kind = "invariant"
-            result.violation = locate(spec, engine.step_no, e, fault)
-            result.error = result.violation["message"]
-        except OpViolation as e:
-            result.error_kind = "invariant"
-            result.violation = _op_violation(e, engine.step_no)
-            result.error = result.violation["message"]
-        except EngineStuck as e:
-            result.error, result.error_kind = str(e), "stuck"
-        except Exception as e:  # noqa: BLE001 - a bug in the engine, model or workload
-            result.error_kind = "crash"
-            result.error = f"step {engine.step_no}: the engine raised {type(e).__name__}: {e}"
-            result.violation = {"exception": type(e).__name__, "message": str(e),
-                                "step": engine.step_no,
-                                "traceback": traceback.format_exc()[-8000:]}
-            if bundles is not None and not bundles.bundled(e):  # the cache's hook did not
-                bundles.dump(note=f"engine crash: {result.error}", exc=e, op="engine")
         except KeyboardInterrupt:
             if tel is not None:
                 tel.record_violation(f"the run was interrupted at step {engine.step_no}",
                                      kind="interrupted")
             raise
+        except Exception as e:  # noqa: BLE001 - every problem ends the run with a report
+            result.detected_op_id = cache.cache.current_op_id
+            stopped(result, e, engine, bundles,
+                    lambda step, found: locate(spec, step, found, fault))
         result.wall_s = time.perf_counter() - t0
         if bundles is not None:
             result.bundles = bundles.written
@@ -252,6 +250,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             if tel is not None:  # recorded before abort, which may fail after a crash
                 details = dict(result.violation or {})
                 details["bundles"] = [str(p) for p in result.bundles]
+                if result.injection is not None:
+                    details["injection"] = result.injection.describe()
                 tel.record_violation(result.error, kind=result.error_kind, details=details)
             _abort(engine, result)
     finally:
@@ -276,16 +276,6 @@ def _abort(engine: Engine, result: RunResult) -> None:
         result.error += f" (and abort failed: {type(e).__name__}: {e})"
 
 
-def _op_violation(e: OpViolation, step: int) -> dict:
-    name, node, detail = e.violation.violations[0]
-    op = e.op
-    return {"message": f"step {step}: {e}", "invariant": name, "node": node, "detail": detail,
-            "step": step, "call": e.call, "req_id": e.req_id,
-            "op_id": op.op_id if op else None, "op": op.op if op else None,
-            "seq": op.seq_last if op else None,
-            "violations": [list(v) for v in e.violation.violations]}
-
-
 def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook | None = None
            ) -> dict:
     """Re-run ``spec`` without a store, checking after every cache call from ``step`` on, to
@@ -295,7 +285,7 @@ def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook |
         engine, *_ = _build(replace(spec, store=None), None, step, [fault], None)
         engine.run()
     except OpViolation as e:
-        return _op_violation(e, engine.step_no)
+        return op_violation(e, engine.step_no)
     except Exception:  # noqa: BLE001 - fall back to the step-level report below
         pass
     finally:

@@ -89,6 +89,7 @@ class PrefetchController:
             raise ValueError("with several ranks, pass a distinct io_group for the worker thread")
         self.backend, self.full, self.aux = backend, full, aux
         self.config = config or PrefetchConfig()
+        self._can_terminate = can_terminate  # this rank's vote (the one stop rule)
         self.group, self.io_group = group, io_group
         self.observer = observer or pe.NULL_OBSERVER
         self._obs_on = bool(self.observer.enabled)
@@ -197,13 +198,15 @@ class PrefetchController:
             return ()
         votes: list[int] = []
         whys: list[str] = []
+        views: list[LocalView] = []
         now = self._clock()
         for op in live:
             with op.lock:
                 view = LocalView(op.worker_done, op.full_done, op.has_pools, now - op.t0,
                                  op.budget_s)
                 term = op.terminated
-            ok, why = can_terminate(self.config.policy, view)
+            views.append(view)
+            ok, why = self._can_terminate(self.config.policy, view)
             if why == "pool_pending":
                 self._count(lambda c: setattr(c, "refused_pool_pending",
                                               c.refused_pool_pending + 1))
@@ -213,6 +216,7 @@ class PrefetchController:
         stop = [i for i in range(n) if red[2 * i] == 0 or red[2 * i + 1] == 1]
         if not stop:
             return ()
+        self._check_stop(live, views, stop)
         vals: list[int] = []
         for i in stop:
             op = live[i]
@@ -282,6 +286,18 @@ class PrefetchController:
             raise InvariantViolation(bad)
 
     # ---- internals ----
+    def _check_stop(self, live: list[PrefetchOp], views: list[LocalView], stop: list[int]
+                    ) -> None:
+        """The stop rule again, at the commit and independent of the vote: no prefetch whose
+        pool transfers this rank sees pending may stop (a wrong local rule or a wrong peer
+        vote would). Raises ``InvariantViolation`` before anything changes."""
+        bad = [("prefetch.terminated_pool_pending", live[i].seq,
+                f"{live[i].req_id}: the vote stopped it while its pool transfers are pending "
+                "(FULL landed, the SWA / MAMBA pages at its end not yet)")
+               for i in stop if views[i].pool_pending]
+        if bad:
+            raise InvariantViolation(bad)
+
     def _live(self) -> list[PrefetchOp]:
         return [*self._ops.values(), *self._draining]
 

@@ -49,6 +49,12 @@ def failure_summary(rec) -> str:
         lines = [f"FAILED OP: {f['op'] or 'unknown'} ({who}) at seq {f['seq']}",
                  f"EXCEPTION: {f['exception']}: {f['message']}"]
     lines.append(f"NODE: {f['node'] if f['node'] is not None else 'none named'}")
+    if f.get("nodes"):
+        lines.append("NODES: " + ", ".join(str(n) for n in f["nodes"]))
+    if f.get("rule"):
+        lines.append(f"RULE: {f['rule']}")
+    if f.get("op_seqs"):
+        lines.append(f"OP SEQS: {f['op_seqs'][0]}..{f['op_seqs'][1]}")
     if f.get("oom"):
         o = f["oom"]
         lines.append(f"OOM: {o['component']}/{o['tier']} requested {o['requested']}, available "

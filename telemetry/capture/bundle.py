@@ -61,7 +61,8 @@ TRIGGER_ON_DEMAND = "on_demand"
 def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None = None,
                  recorder: Any = None, *, op: str | None = None, n_ops: int | None = None,
                  cuda_memory: bool = False, note: str | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, op_id: int | None = None, rule: str | None = None,
+                 nodes=None) -> Path:
     """Write a crash bundle for ``cache`` at ``path``.
 
     Args:
@@ -74,6 +75,10 @@ def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None 
         cuda_memory: under CUDA, include ``torch.cuda.memory._snapshot()``.
         note: free text stored with the bundle (why it was taken).
         overwrite: replace an existing file instead of raising ``FileExistsError``.
+        op_id: blame the failure on this recorded op (one that completed: the op right before
+            a failed ``check()``, the last op before an engine guard fired).
+        rule: the broken rule (default: the first violation's name, or ``exc.rule``).
+        nodes: the node ids involved (default: the violations' nodes, or ``exc.nodes``).
 
     Returns:
         The bundle's absolute path.
@@ -89,14 +94,16 @@ def write_bundle(cache: Any, path: str | os.PathLike, exc: BaseException | None 
         raise ValueError(f"n_ops={n_ops!r}: must be None or an int >= 0")
     target = _target(path, overwrite)
     recorder = cache.recorder if recorder is None else recorder
-    win = window_.capture(cache, recorder, n_ops, op, exc)
+    win = window_.capture(cache, recorder, n_ops, op, exc, op_id)
     live = cache.snapshot()
     checked = _check(cache)
-    fail = failure_.describe(exc, op, win.failing_op.attrs if win.failing_op else None)
+    fail = failure_.describe(exc, op, win.failing_op.attrs if win.failing_op else None,
+                             rule=rule, nodes=nodes)
     fail.update(seq=live.seq, trigger=TRIGGER_ERROR if exc is not None else TRIGGER_ON_DEMAND,
-                note=note, op_id=None, req_id=None, ts_ns=time.time_ns())
+                note=note, op_id=None, req_id=None, op_seqs=None, ts_ns=time.time_ns())
     if win.failing_op is not None:
-        fail.update(op_id=win.failing_op.op_id, req_id=win.failing_op.req_id)
+        f_op = win.failing_op
+        fail.update(op_id=f_op.op_id, req_id=f_op.req_id, op_seqs=[f_op.seq_first, f_op.seq_last])
     if fail["node"] is None:
         fail["node"] = next((v[1] for v in checked if v[1] is not None), None)
     timeline, replayed = replay_check(win.start, win.ops, win.mutations, live)

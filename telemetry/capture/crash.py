@@ -77,7 +77,9 @@ class CrashBundler:
                 self.previous_hook(op, exc)
 
     def dump(self, path: str | os.PathLike | None = None, *, note: str | None = None,
-             exc: BaseException | None = None, op: str | None = None) -> Path | None:
+             exc: BaseException | None = None, op: str | None = None,
+             op_id: int | None = None, rule: str | None = None, nodes=None,
+             record_violation: bool = True) -> Path | None:
         """Write an on-demand bundle (``cache.dump_bundle(path)`` lands here).
 
         Args:
@@ -86,13 +88,21 @@ class CrashBundler:
             exc: an exception to record with it (e.g. an ``InvariantViolation`` from
                 ``cache.check()``).
             op: the operation ``exc`` came from (``"check"``...).
+            op_id: the recorded op the failure is blamed on (e.g. the op right before a
+                ``check()`` that failed); the bundle's failure names that op, its request and
+                seqs.
+            rule: the broken rule (an invariant's name, a guard's rule).
+            nodes: the node ids involved.
+            record_violation: announce ``exc`` as a violation in the run's store (False when
+                the caller records its own report).
 
         Returns:
             The bundle's path, or None when writing failed (logged and counted).
         """
+        blame = {"op_id": op_id, "rule": rule, "nodes": nodes, "announce": record_violation}
         if path is not None:
-            return self._write(Path(path), exc, op, note, fresh=False)
-        return self._write(self.path_for(op or "dump"), exc, op, note)
+            return self._write(Path(path), exc, op, note, fresh=False, **blame)
+        return self._write(self.path_for(op or "dump"), exc, op, note, **blame)
 
     def path_for(self, op: str) -> Path:
         """A fresh bundle path: ``<directory>/bundle-<time>-<pid>-<n>-<op>.db``."""
@@ -108,7 +118,8 @@ class CrashBundler:
             self.cache.bundle_writer = None
 
     def _write(self, target: Path, exc: BaseException | None, op: str | None,
-               note: str | None, fresh: bool = True) -> Path | None:
+               note: str | None, fresh: bool = True, op_id: int | None = None,
+               rule: str | None = None, nodes=None, announce: bool = True) -> Path | None:
         """Write one bundle. ``write_bundle`` creates the file exclusively; a generated name
         (``fresh``) that another bundler took in the meantime (same second, same process) is
         retried with a unique suffix, so no bundle replaces another."""
@@ -118,7 +129,7 @@ class CrashBundler:
                     try:
                         path = write_bundle(self.cache, target, exc, self.recorder, op=op,
                                             n_ops=self.n_ops, cuda_memory=self.cuda_memory,
-                                            note=note)
+                                            note=note, op_id=op_id, rule=rule, nodes=nodes)
                         break
                     except FileExistsError:
                         if not fresh or attempt == _NAME_RETRIES - 1:
@@ -132,7 +143,7 @@ class CrashBundler:
             self.written.append(path)
             log.error("crash bundle written: %s (%s)", path,
                       f"{type(exc).__name__} in {op}" if exc is not None else note or "on demand")
-            self._announce(path, exc, op, note)
+            self._announce(path, exc if announce else None, op, note)
             return path
 
     def _announce(self, path: Path, exc: BaseException | None, op: str | None,

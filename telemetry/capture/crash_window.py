@@ -61,8 +61,9 @@ class Window:
 
 
 def capture(cache: Any, recorder: Any, n_ops: int | None, op: str | None,
-            exc: BaseException | None) -> Window:
-    """Read the recorder's window up to the cache's current seq (see the module docstring)."""
+            exc: BaseException | None, op_id: int | None = None) -> Window:
+    """Read the recorder's window up to the cache's current seq (see the module docstring).
+    ``op_id``: the failure is blamed on that recorded op (it completed; nothing is rebuilt)."""
     if recorder is None or not getattr(recorder, "enabled", False) or not hasattr(recorder,
                                                                                   "tail"):
         return Window(None, (), (), None, False, (), False, None)
@@ -82,7 +83,10 @@ def capture(cache: Any, recorder: Any, n_ops: int | None, op: str | None,
         start = None
     if start is not None:
         muts = [m for m in muts if m.seq > start.seq]
-    failing, rebuilt = _failing_op(cache, ops, muts, op, exc)
+    if op_id is not None:
+        failing, rebuilt = next((o for o in reversed(ops) if o.op_id == op_id), None), False
+    else:
+        failing, rebuilt = _failing_op(cache, ops, muts, op, exc)
     if rebuilt and failing is not None:
         ops.append(failing)
         cap = getattr(recorder, "capacity", None)

@@ -24,20 +24,26 @@ _NODE_LOCALS = ("anchor", "node", "leaf", "victim", "child", "n")
 
 
 def describe(exc: BaseException | None, op: str | None = None,
-             attrs: dict | None = None) -> dict:
+             attrs: dict | None = None, *, rule: str | None = None, nodes=None) -> dict:
     """Plain-data description of a failure.
 
     Args:
         exc: the exception (None for an on-demand bundle).
         op: the cache operation that raised (None when unknown or on demand).
         attrs: the failing op's recorded attributes, if any.
+        rule: the broken rule; default the first violation's name, else ``exc.rule``.
+        nodes: the node ids involved; default every node the violations name, else
+            ``exc.nodes``.
 
     Returns:
-        ``{"op", "exception", "message", "traceback", "frames", "node", "violations", "oom"}``.
+        ``{"op", "exception", "message", "traceback", "frames", "node", "nodes", "rule",
+        "violations", "oom"}``.
     """
     out: dict[str, Any] = {"op": op, "exception": None, "message": None, "traceback": [],
-                           "frames": [], "node": None, "violations": [], "oom": None}
+                           "frames": [], "node": None, "nodes": [], "rule": rule,
+                           "violations": [], "oom": None}
     if exc is None:
+        out["nodes"] = [int(n) for n in nodes or ()]
         return out
     out["exception"] = type(exc).__name__
     out["message"] = str(exc)
@@ -48,7 +54,18 @@ def describe(exc: BaseException | None, op: str | None = None,
     if isinstance(exc, CacheOutOfMemory):
         out["oom"] = {k: getattr(exc, k) for k in ("component", "tier", "requested", "available",
                                                    "evictable", "protected")}
+    if out["rule"] is None:
+        named = getattr(exc, "rule", None)
+        out["rule"] = out["violations"][0][0] if out["violations"] else (
+            str(named) if isinstance(named, str) else None)
+    given = nodes is not None
+    if not given:
+        nodes = [v[1] for v in out["violations"] if v[1] is not None] or list(
+            n for n in getattr(exc, "nodes", ()) or () if isinstance(n, int))
+    out["nodes"] = list(dict.fromkeys(int(n) for n in nodes))  # first named first
     out["node"] = _node_of(attrs, out["violations"], exc.__traceback__)
+    if out["nodes"] and (given or out["node"] is None):
+        out["node"] = out["nodes"][0]
     return out
 
 

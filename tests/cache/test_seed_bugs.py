@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixscope.cache import CacheOutOfMemory, HiRadixCache, StaleHandle
-from tests.kits.cachekit import Driver, make_config, parents, states
+from tests.kits.cachekit import Driver, make_config, parents, seed_001_tree, states
 
 K = list(range(1, 17))
 
@@ -58,13 +58,7 @@ def test_seed_bug_2_tombstone_deletion_stops_at_referenced_parent(hold):
     transfer still references. The buggy behaviour deletes node 2 anyway; that trips the
     ``deleted`` assertion, and ``check()`` then reports the lock table / transfer pinning a
     deleted node (``lock.dead_pin``)."""
-    c = HiRadixCache(make_config(("full", "mamba"), device_tokens=32, host_tokens=64,
-                                 write_policy="write_through_selective",
-                                 write_through_threshold=100))
-    d = Driver(c)
-    d.insert(K[:8])
-    d.insert(K[:4] + [90, 91, 92, 93])
-    assert parents(c) == {1: 2, 2: 0, 3: 2} and states(c, "mamba")[2] == "tombstone"
+    c, _ = seed_001_tree()
     receipt = None
     if hold == "lock":
         receipt = c.lock(2, owner="req-9")

@@ -148,3 +148,16 @@ def states(cache: HiRadixCache, comp: str = "full") -> dict[int, str]:
     snap = cache.snapshot()
     i = snap.components.index(comp)
     return {n.node_id: n.components[i].state for n in snap.nodes if n.parent_id is not None}
+
+
+def seed_001_tree() -> tuple[HiRadixCache, Driver]:
+    """Seed bug 001's tree: node 2 (tokens 1..4, no MAMBA state: useless once childless) with
+    two children, 1 and 3; write-through selective so nothing is backed up by itself."""
+    c = HiRadixCache(make_config(("full", "mamba"), device_tokens=32, host_tokens=64,
+                                 write_policy="write_through_selective",
+                                 write_through_threshold=100))
+    d = Driver(c)
+    d.insert(list(range(1, 9)))
+    d.insert([1, 2, 3, 4, 90, 91, 92, 93])
+    assert parents(c) == {1: 2, 2: 0, 3: 2} and states(c, "mamba")[2] == "tombstone"
+    return c, d

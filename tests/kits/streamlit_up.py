@@ -3,9 +3,16 @@ shows the tail of the server's log."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import pytest
@@ -27,3 +34,30 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: IO, timeout_s: float = 
             log.seek(0)
             pytest.fail(f"radixscope ui did not start on port {port}:\n{log.read()[-3000:]}")
         time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def radixscope_ui(store, log_dir) -> Iterator[str]:
+    """``radixscope ui STORE --port N`` on a free local port (headless, no usage stats),
+    waited for; yields its URL and stops the whole process group it started afterwards."""
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(root), STREAMLIT_SERVER_HEADLESS="true",
+               STREAMLIT_SERVER_ADDRESS="127.0.0.1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    log = open(Path(log_dir) / "streamlit.log", "w+")  # noqa: SIM115
+    # `radixscope ui STORE --port N` (engine/cli.py): streamlit run ui/app.py -- --store STORE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port", str(port)],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(proc, port, log, 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:  # the CLI runs streamlit as its child: stop the whole session we started
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

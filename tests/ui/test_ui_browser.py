@@ -5,17 +5,12 @@ generated store, headless Debian chromium driven by playwright. Saves screenshot
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.kits.require import missing
-from tests.kits.streamlit_up import wait_healthy
+from tests.kits.streamlit_up import radixscope_ui
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,44 +28,20 @@ def _chromium() -> None:
         missing("chromium", f"{CHROMIUM} is absent (CI installs Debian's chromium package)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     store = tmp_path_factory.mktemp("ui-browser") / "run.db"
-    yield from _serve(tmp_path_factory, store, make_store(store))
+    facts = make_store(store)
+    with radixscope_ui(store, tmp_path_factory.mktemp("ui-log")) as url:
+        yield url, facts
 
 
 @pytest.fixture(scope="module")
 def storage_server(tmp_path_factory):
     store = tmp_path_factory.mktemp("ui-browser-l3") / "run.db"
-    yield from _serve(tmp_path_factory, store, make_store(store, storage=True))
-
-
-def _serve(tmp_path_factory, store: Path, facts: dict):
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), STREAMLIT_SERVER_HEADLESS="true",
-               STREAMLIT_SERVER_ADDRESS="127.0.0.1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(tmp_path_factory.mktemp("ui-log") / "streamlit.log", "w+")  # noqa: SIM115
-    # `radixscope ui STORE --port N` (engine/cli.py): streamlit run ui/app.py -- --store STORE
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, port, log, 60)
+    facts = make_store(store, storage=True)
+    with radixscope_ui(store, tmp_path_factory.mktemp("ui-log")) as url:
         yield url, facts
-    finally:  # the CLI runs streamlit as its child: stop the whole session we started
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def test_tree_page_renders_and_drills_down(server):

@@ -9,6 +9,8 @@ import pandas as pd
 from radixscope.ui.shaping.health import (
     causing_op,
     findings_table,
+    injected_fault,
+    injection_words,
     telemetry_words,
     violation_lines,
     violations_with_ops,
@@ -45,6 +47,38 @@ def test_violations_with_ops():
         [1, 6, "invariant", "2 invariant violation(s)", 2, "insert", "a"],
         [2, None, "oom", "pool out of memory", None, None, None],
         [3, 7, "invariant", "step 3: ...", 1, "match", "a"]]  # the op the engine located
+
+
+def test_violations_name_the_rule_and_nodes():
+    v = pd.DataFrame({"id": [1, 2, 3], "ts_ns": [5, 6, 7], "seq": [6, 7, 7],
+                      "kind": ["invariant", "leak", "budget"],
+                      "message": [MSG, "step 9: request r ended but still owns ...", "x"],
+                      "details": [{}, {"op_id": 3, "rule": "lock.released_at_request_end",
+                                       "nodes": [7, 7, 9]},
+                                  {"op_id": 4, "rule": "admission.guarantee", "node": 5}]})
+    t = violations_with_ops(v, _ops())
+    assert t[["rule", "nodes", "op_id"]].values.tolist() == [
+        ["full.device.evictable_ledger", "12", 2],  # from the message's lines
+        ["lock.released_at_request_end", "7, 9", 3],
+        ["admission.guarantee", "5", 4]]
+
+
+def test_injected_fault_banner():
+    events = pd.DataFrame({"id": [1, 2], "kind": ["bundle", "zoo.inject"],
+                           "attrs": [{"path": "b.db"}, {
+                               "name": "leaked_lock", "class": 9, "title": "a lock never "
+                               "released", "shipped": "field", "caught_by": "engine guard"}]})
+    fault = injected_fault(events)
+    assert fault["name"] == "leaked_lock"
+    assert injected_fault(events.iloc[:1]) is None
+    assert injected_fault(pd.DataFrame()) is None
+    v = pd.DataFrame({"id": [1], "ts_ns": [5], "seq": [7], "kind": ["leak"], "message": ["m"],
+                      "details": [{"op_id": 3, "rule": "lock.released_at_request_end",
+                                   "nodes": [7]}]})
+    text = injection_words(fault, violations_with_ops(v, _ops()))
+    assert text == ("Injected fault (bug zoo) class 9 `leaked_lock`: a lock never released. "
+                    "Shipped in: field. Caught by: engine guard. Stopped at op 3 (`lock`, "
+                    "request a), seq 7: rule `lock.released_at_request_end`, nodes 7.")
 
 
 def test_violation_lines():

@@ -29,6 +29,9 @@ def health_body() -> None:
         st.caption(status["message"])
     else:
         st.warning(status["message"] + ". A live run shows this until it closes.")
+    fault = health.injected_fault(data.events(ctx.path, seq))
+    if fault is not None:
+        st.error(health.injection_words(fault, viol), icon=":material/bug_report:")
     a, b, c = st.columns(3)
     a.metric("Recorded violations", f"{len(viol):,}")
     b.metric("Doctor errors now", f"{n_err:,}")
@@ -44,7 +47,8 @@ def health_body() -> None:
         rows = ev["selection"]["rows"] if ev else []
         v = viol.iloc[rows[0] if rows else 0]
         st.markdown(f"**Violation {v['id']}** at seq {v['seq']} — caused by op "
-                    f"{v['op_id']} (`{v['op']}`, request {v['req_id']})")
+                    f"{v['op_id']} (`{v['op']}`, request {v['req_id']}) — rule "
+                    f"`{v['rule']}`, nodes {v['nodes'] or 'none named'}")
         lines = health.violation_lines(v["message"])
         if lines.empty:
             st.code(v["message"], language=None)

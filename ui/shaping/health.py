@@ -27,22 +27,64 @@ def causing_op(ops_table: pd.DataFrame, seq: int | None) -> pd.Series | None:
 
 
 def violations_with_ops(violations: pd.DataFrame, ops_table: pd.DataFrame) -> pd.DataFrame:
-    """Each recorded violation with its causing op: ``id, seq, kind, headline, op_id, op,
-    req_id, message``. The op is the one the violation's ``details["op_id"]`` names (the engine
-    locates it by re-running with a check after every call), else ``causing_op`` of its seq."""
-    cols = ["id", "seq", "kind", "headline", "op_id", "op", "req_id", "message"]
+    """Each recorded violation with its causing op, the broken rule and the nodes: ``id, seq,
+    kind, rule, nodes, headline, op_id, op, req_id, message``. The op is the one the
+    violation's ``details["op_id"]`` names (the engine names it: a check after every call, or
+    a re-run that locates it), else ``causing_op`` of its seq. The rule and nodes come from
+    the details (``rule`` / ``invariant``, ``nodes`` / ``node``), else from the message's
+    ``[check] node=N`` lines."""
+    cols = ["id", "seq", "kind", "rule", "nodes", "headline", "op_id", "op", "req_id", "message"]
     rows = []
     for v in violations.itertuples(index=False):
         seq = None if pd.isna(v.seq) else int(v.seq)
-        named = (v.details or {}).get("op_id") if isinstance(v.details, dict) else None
+        details = v.details if isinstance(v.details, dict) else {}
+        named = details.get("op_id")
         exact = ops_table[ops_table["op_id"] == named] if named is not None else ops_table.iloc[:0]
         op = exact.iloc[-1] if not exact.empty else causing_op(ops_table, seq)
         head = str(v.message).splitlines()[0].rstrip(":") if v.message else ""
-        rows.append((int(v.id), seq, v.kind, head,
+        rule, nodes = _rule_and_nodes(details, str(v.message or ""))
+        rows.append((int(v.id), seq, v.kind, rule, nodes, head,
                      None if op is None else int(op["op_id"]),
                      None if op is None else op["op"], None if op is None else op["req_id"],
                      v.message))
     return pd.DataFrame(rows, columns=cols, dtype=object)
+
+
+def _rule_and_nodes(details: dict, message: str) -> tuple[str | None, str]:
+    rule = details.get("rule") or details.get("invariant") or details.get("name")
+    nodes = details.get("nodes")
+    if not isinstance(nodes, list):
+        nodes = [details["node"]] if isinstance(details.get("node"), int) else []
+    lines = violation_lines(message)
+    if rule is None and not lines.empty:
+        rule = lines["check"].iloc[0]
+    if not nodes and not lines.empty:
+        nodes = [int(n) for n in lines["node"] if n >= 0]
+    nodes = [int(n) for n in dict.fromkeys(nodes) if isinstance(n, int)]
+    return (None if rule is None else str(rule)), ", ".join(str(n) for n in nodes)
+
+
+def injected_fault(events: pd.DataFrame) -> dict | None:
+    """The bug-zoo fault a run was started with (its ``zoo.inject`` event), or None."""
+    if events.empty or "kind" not in events:
+        return None
+    rows = events[events["kind"] == "zoo.inject"]
+    if rows.empty:
+        return None
+    attrs = rows["attrs"].iloc[-1]
+    return attrs if isinstance(attrs, dict) else None
+
+
+def injection_words(fault: dict, viol: pd.DataFrame) -> str:
+    """One paragraph: which class was injected and what caught it, where."""
+    text = (f"Injected fault (bug zoo) class {fault.get('class')} `{fault.get('name')}`: "
+            f"{fault.get('title')}. Shipped in: {fault.get('shipped')}. Caught by: "
+            f"{fault.get('caught_by')}.")
+    if not viol.empty:
+        v = viol.iloc[0]
+        text += (f" Stopped at op {v['op_id']} (`{v['op']}`, request {v['req_id']}), seq "
+                 f"{v['seq']}: rule `{v['rule']}`, nodes {v['nodes'] or 'none named'}.")
+    return text
 
 
 def violation_lines(message: str) -> pd.DataFrame:

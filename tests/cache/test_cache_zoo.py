@@ -1,0 +1,78 @@
+"""Bug-zoo classes driven on the cache (or the prefetch controller) directly: class 3, which no
+engine workload reaches (see docs/zoo.md), and class 6, whose L3 prefetch is not wired into the
+engine yet. Each is caught in the operation where the buggy variant fired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixscope.cache import zoo
+from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.storage.prefetch_policy import can_terminate
+from tests.cache.test_cache_storage_prefetch import cfg
+from tests.kits.cachekit import seed_001_tree
+from tests.kits.prefetchkit import POOL_SETS, Gate, Rig, drive, settle
+
+
+@pytest.mark.parametrize("hold", ["lock", "host_ref"])
+def test_class_3_tombstone_cascade_is_caught_by_the_evict_that_does_it(hold):
+    """Seed 001's tree: node 2 (no MAMBA state: useless once childless) is locked, or its
+    backup is in flight. The buggy cascade deletes it with its children; ``check()`` right
+    after that evict names the deleted node the lock table still pins."""
+    c, _ = seed_001_tree()
+    if hold == "lock":
+        c.lock(2, owner="req-9")
+    else:
+        assert c.backup(2) == 1
+    inj = zoo.inject(c, "tombstone_cascade")
+    c.check()
+    r = c.evict(8)
+    assert r.deleted == (1, 3, 2)  # the bug: node 2 went too
+    [fired] = inj.fired
+    assert fired.op_id == c.current_op_id and fired.nodes == (2,)
+    with pytest.raises(InvariantViolation) as e:
+        c.check()
+    names = {v[0] for v in e.value.violations}
+    assert "lock.dead_pin" in names
+    assert any(v[1] == 2 for v in e.value.violations)
+
+
+def test_class_6_prefetch_stopped_with_pool_transfers_pending_is_caught_in_that_poll(
+        tmp_path: Path) -> None:
+    """Seed 004: FULL has landed, the SWA page at its end is still being fetched. The pre-fix
+    vote says "complete"; the controller's stop commit re-checks the rule and raises in the
+    poll that would have stopped it, before anything is handed back or freed. Without that
+    re-check the poll hands back a 0-token result (the hit is lost)."""
+    rig = Rig(tmp_path, POOL_SETS["full+swa"])
+    rig.write()
+    aux_fp = rig.fp["swa"].digest.hex()
+    gate = Gate(rig.store, lambda n, keys: keys[0].endswith(aux_fp))
+    ctl = rig.controller(gate, cfg("wait_complete"))
+    inj = zoo.inject(ctl, "prefetch_pool_pending", target="prefetch")
+    ctl.start("r", rig.hashes)
+    assert gate.entered.wait(10)
+    assert ctl._ops["r"].full_done and not ctl._ops["r"].worker_done
+    with pytest.raises(InvariantViolation, match="prefetch.terminated_pool_pending") as e:
+        ctl.poll()
+    [fired] = inj.fired
+    assert fired.op_id == inj.polls == 1  # caught in the poll it fired in
+    assert e.value.violations[0][1] == ctl._ops["r"].seq
+    assert ctl.ongoing("r")  # nothing was handed back or freed
+    ctl.check()
+    gate.release()
+    ctl._can_terminate = can_terminate  # the fixed rule: the prefetch completes
+    [r] = drive(ctl)
+    assert r.tokens == 64
+    rig.free(r)
+    settle(ctl)
+    assert rig.all_free()
+    ctl.close()
+
+
+def test_prefetch_faults_are_not_engine_names():
+    assert "prefetch_pool_pending" not in zoo.names()
+    assert zoo.names("prefetch") == ("prefetch_pool_pending",)
+    with pytest.raises(zoo.UnknownFault, match="the zoo has: prefetch_pool_pending"):
+        zoo.inject(object(), "load_back_anchor", target="prefetch")

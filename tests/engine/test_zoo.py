@@ -1,0 +1,110 @@
+"""The bug zoo (issue 18): each crash class, injected into an engine run, is caught within one
+cache operation of the op where the buggy variant fired, a bundle names the op, seq, nodes and
+rule, and the post-mortem notebook run on that bundle prints them. The same runs without an
+injection raise nothing and record no violation. ``--inject`` with an unknown name is one line,
+exit 2, listing the zoo."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from radixscope.cache import zoo
+from radixscope.engine.cli import main
+from radixscope.engine.run import execute
+from radixscope.telemetry import open_store
+from radixscope.telemetry.analysis.load import load_bundle
+from tests.kits.zookit import CLEAN, ROOT, ZOO, record, spec
+from tests.telemetry.test_postmortem_notebook import NOTEBOOK, inject, outputs
+
+
+def _notebook_text(bundle) -> str:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    inject(nb, path=str(bundle))
+    NotebookClient(nb, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    text, errors = outputs(nb)
+    assert errors == []
+    return text
+
+
+def test_the_zoo_lists_every_engine_class():
+    assert sorted(f.number for f in zoo.faults("cache").values()) == [1, 2, 3, 4, 5, 7, 8, 9, 10]
+    assert sorted(f.number for f in zoo.faults().values()) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert set(ZOO) | {"tombstone_cascade"} == set(zoo.names())
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_each_class_is_caught_within_one_op_bundled_and_explained(name, tmp_path):
+    settings, rule, op = ZOO[name]
+    store = tmp_path / "run.db"
+    r = execute(spec(settings, store), inject=name)
+    assert r.error is not None and not r.ok
+    inj = r.injection
+    assert inj.fired, "the buggy variant never fired"
+    fired = inj.last_fired_before(r.detected_op_id)
+    ops_to_detection = r.detected_op_id - fired.op_id
+    assert 0 <= ops_to_detection <= 1
+    v = r.violation
+    assert v["rule"] == rule and v["op_id"] == r.detected_op_id
+    if op is not None:
+        assert v["op"] == op
+    assert v["nodes"], "the report names no node"
+    # the bundle names the op, its seqs, the nodes and the rule
+    assert len(r.bundles) >= 1
+    with load_bundle(r.bundles[0]) as b:
+        f = b.failure()
+    assert (f["rule"], f["op"], f["op_id"]) == (rule, v["op"], r.detected_op_id)
+    assert f["nodes"] and f["node"] == f["nodes"][0]
+    assert f["op_seqs"] is not None and f["op_seqs"][1] <= f["seq"]
+    # the store: the injection event and the engine's report (what the Health page reads)
+    with open_store(store) as reader:
+        events = reader.events("zoo.inject")
+        rows = reader.violations()
+    assert list(events["attrs"])[0]["name"] == name
+    mine = rows[rows["kind"] == r.error_kind]  # a budget run: the admitter's record first
+    assert list(mine["message"])[-1] == r.error
+    details = mine["details"].iloc[-1]
+    assert details["rule"] == rule and details["op_id"] == r.detected_op_id
+    assert details["injection"]["fired"]
+    # the notebook, run on the bundle, prints the op, the node and the rule
+    text = _notebook_text(r.bundles[0])
+    assert f"FAILED OP: {f['op']} (op {f['op_id']}" in text
+    assert f"NODE: {f['node']}\n" in text and f"RULE: {rule}\n" in text
+    record(name, {"class": inj.fault.number, "rule": rule, "op": f["op"],
+                  "op_id": f["op_id"], "fired_op_id": fired.op_id,
+                  "ops_to_detection": ops_to_detection, "firings": len(inj.fired),
+                  "nodes": f["nodes"], "seq": f["seq"], "error_kind": r.error_kind,
+                  "message": r.error})
+
+
+@pytest.mark.parametrize("label", list(CLEAN))
+def test_the_same_runs_without_injection_are_clean(label, tmp_path):
+    store = tmp_path / "run.db"
+    r = execute(spec(CLEAN[label], store), strict=True)  # check() after every cache call
+    assert r.error is None and r.ok and r.bundles == []
+    assert r.engine.admitter.budget_violations == []
+    assert len(r.engine.done) + len(r.engine.rejected) == CLEAN[label]["requests"]
+    with open_store(store) as reader:
+        assert reader.violations().empty
+        assert reader.events("zoo.inject").empty
+
+
+def test_inject_an_unknown_name_is_one_line_exit_2(capsys):
+    assert main(["run", "--inject", "no_such_bug", "--no-store", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("radixscope run: error: unknown fault 'no_such_bug'; the zoo has: ")
+    for name in zoo.names():
+        assert name in err
+
+
+def test_inject_from_the_command_line(tmp_path, capsys):
+    store = tmp_path / "run.db"
+    rc = main(["run", "--inject", "transfer_mutated", "--store", str(store), "--no-progress",
+               "--requests", "4", "--device-tokens", "1024", "--host-tokens", "2048"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "invariant problem" in err and "full.host.slot_shared" in err
+    assert list((tmp_path / "bundles").glob("bundle-*.db"))
