@@ -18,7 +18,16 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from radixscope.cache.tiers import DEVICE, HOST, RESIDENT, STORAGE, TIER_LABELS, TIERS, Tier, per_tier
+from radixscope.cache.tiers import (
+    DEVICE,
+    HOST,
+    RESIDENT,
+    STORAGE,
+    TIER_LABELS,
+    TIERS,
+    Tier,
+    per_tier,
+)
 
 
 class Invariants:
