@@ -123,8 +123,10 @@ class CacheCore(Recording):
 
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
+        """Free slots the cache holds (a node's value, or request slots already validated);
+        ``checked``: the page ids a public ``free`` validated in full."""
         alloc = self.pool(ci, tier).alloc
-        n = alloc.free(idx, checked)
+        n = alloc.free_owned(idx) if checked is None else alloc.free(idx, checked)
         if self._on:
             self._emit_pool(ci, tier, alloc.available)
         return n
