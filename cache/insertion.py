@@ -170,7 +170,8 @@ class Insertion(CacheCore):
                             f"shape {tuple(t.shape)}")
         if t.numel() != length:
             raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
-        t = t.to(device="cpu", dtype=torch.int64)
+        if t.dtype is not torch.int64 or not t.is_cpu:
+            t = t.to(device="cpu", dtype=torch.int64)
         if ci is not None:
             self._check_live(t, ci, name)
         return t

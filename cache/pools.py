@@ -20,8 +20,9 @@ def _np(indices: torch.Tensor) -> np.ndarray:
 def _distinct(pages: np.ndarray) -> bool:
     if pages.size < 2:
         return True
-    s = np.sort(pages)
-    return bool((s[1:] != s[:-1]).all())
+    s = pages.copy()
+    s.sort()
+    return not np.count_nonzero(s[1:] == s[:-1])
 
 
 class SlotAllocator:
@@ -104,8 +105,7 @@ class SlotAllocator:
                 raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
                                  f"{a[:min(n, 16)].tolist()}...")
             pages = pages // p
-        # one reduction: a negative page viewed as unsigned is past any pool
-        if pages.size and pages.view(np.uint64).max() >= self.num_pages:
+        if pages.size and (pages.max() >= self.num_pages or pages.min() < 0):
             lo, hi = int(pages.min()), int(pages.max())
             raise ValueError(f"{name or self.name}: slot index out of range [0, "
                              f"{self.capacity}): {lo * p}..{hi * p + p - 1}")
