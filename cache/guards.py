@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache.components import STATE, WINDOW
+from radixscope.cache.pools import _np
 from radixscope.cache.tiers import DEVICE
 
 
@@ -94,6 +95,7 @@ class Guards:
         path is walked once, here."""
         n = len(tokens)
         node, off = self.tree.root, 0
+        idx = _np(idx)  # one conversion; the checks below take numpy slices of it
         if prev:
             node, off, have = self._device_prefix(tokens, extra_key, prev)
             if prev > have:

@@ -65,9 +65,11 @@ class Insertion(CacheCore):
         start = self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
                                          prev_prefix_len, swa_evicted_len)
         n = len(tokens)
-        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key,
-                        idx[:n], None if swa is None else swa[:n], mamba_slot,
-                        prev_prefix_len, swa_evicted_len, start)
+        if n < raw_len:  # the caller keeps the slots past the last whole page
+            idx = idx[:n]
+            swa = None if swa is None else swa[:n]
+        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key, idx, swa,
+                        mamba_slot, prev_prefix_len, swa_evicted_len, start)
         if not out.backups:
             return out
         return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)

@@ -83,14 +83,19 @@ class SlotAllocator:
             return torch.from_numpy(picked)
         return torch.from_numpy((picked[:, None] * self.page_size + self._offsets).reshape(-1))
 
-    def pages_of(self, indices: torch.Tensor, name: str | None = None) -> np.ndarray:
+    def pages_of(self, indices: torch.Tensor | np.ndarray, name: str | None = None
+                 ) -> np.ndarray:
         """Page ids of whole-page ``indices`` (a numpy int64 array); raises TypeError /
-        ValueError if they are not an int64 tensor of whole pages in range."""
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
+        ValueError if they are not an int64 tensor of whole pages in range. A 1-D int64
+        ndarray (a caller's tensor already converted once) is taken as is."""
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1:
+            a = indices
+        elif not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
                 or indices.dtype != torch.int64:
             raise TypeError(f"{self.name}: indices must be a 1-D int64 tensor, got "
                             f"{getattr(indices, 'dtype', type(indices).__name__)}")
-        a = _np(indices)
+        else:
+            a = _np(indices)
         p = self.page_size
         if p == 1:
             pages = a
