@@ -18,7 +18,7 @@ import torch
 from radixscope.cache import events as ev
 from radixscope.cache.components import BACKBONE, WINDOW, build_components
 from radixscope.cache.config import CacheConfig
-from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.errors import CacheOutOfMemory, StaleHandle
 from radixscope.cache.events import Recorder
 from radixscope.cache.memory import check_fits
 from radixscope.cache.pools import KVPool, StatePool
@@ -257,7 +257,7 @@ class CacheCore(Recording):
                 self.evictable[ci][tier] -= moved
                 self.protected[ci][tier] += moved
         entry = LockEntry(rid, owner, anchor.id, tier,
-                          {ci: [n.id for n in nodes] for ci, nodes in sorted(pins.items()) if nodes})
+                          {ci: [n.id for n in pins[ci]] for ci in sorted(pins) if pins[ci]})
         self.locks[rid] = entry
         for node in first.values():
             # a node with FULL on device under a device child is never a leaf: skip the call
@@ -408,7 +408,6 @@ class CacheCore(Recording):
             self._compact_heaps()
 
     def node(self, node_id: int) -> Node:
-        from radixscope.cache.errors import StaleHandle
         if isinstance(node_id, bool) or not isinstance(node_id, int):
             raise TypeError(f"node must be an int node id, got {node_id!r}")
         n = self.tree.nodes.get(node_id)

@@ -35,6 +35,9 @@ from typing import Any
 from radixscope.cache.events import FlightRecorder, Mutation, OpRecord
 from radixscope.telemetry.record.drops import DROP_EVENT, DROP_MUTATION, DROP_OP, Health
 from radixscope.telemetry.record.encode import (
+    _MARSHAL,
+    _MARSHAL_VERSION,
+    _parent_ids,
     compact_record,
     decode,
     decode_one,
@@ -119,7 +122,16 @@ class TelemetryRecorder(FlightRecorder):
         try:
             buf = self._buf
             if self.queued + len(buf) < self.queue_capacity:
-                buf.append(encode_one(compact_record(op, mutations, self._last)))
+                # compact_record + encode_one, inline (this runs once per cache op)
+                ctx = op[5]
+                last = self._last[0]
+                parent = last[1] if last[0] is ctx else _parent_ids(ctx, self._last)
+                rec = (op[0], op[1], op[2], op[3], op[4], parent, op[6], op[7], op[8], op[9],
+                       mutations)
+                try:
+                    buf.append(_MARSHAL(rec, _MARSHAL_VERSION))
+                except ValueError:
+                    buf.append(rec)  # joined by join_encoded's fallback
                 if len(buf) >= self.encode_batch:
                     self.seal()
             else:
