@@ -46,8 +46,10 @@ class SlotAllocator:
         self.page_size = page_size
         self.capacity = slots
         self.num_pages = slots // page_size
-        # the free stack: ``_stack[:_top]``, popped from the top (page 0 first)
-        self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
+        # the free stack: ``_stack[:_top]``, popped from the top (page 0 first); 4 bytes a page
+        # while page ids fit (the stack is preallocated for every page of the pool)
+        dt = np.int32 if self.num_pages < 2**31 else np.int64
+        self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=dt)
         self._top = self.num_pages
         self._used = np.zeros(self.num_pages, dtype=np.uint8)
         self._tree = np.zeros(self.num_pages, dtype=np.uint8)  # 1: a tree node holds the page
@@ -72,7 +74,7 @@ class SlotAllocator:
             return None
         if k == 0:
             return torch.empty(0, dtype=torch.int64)
-        picked = self._stack[top - k:top][::-1].copy()
+        picked = self._stack[top - k:top][::-1].astype(np.int64)  # a copy
         used = self._used
         if np.count_nonzero(used[picked]):
             bad = [int(q) for q in picked if used[q]]
