@@ -2,9 +2,11 @@
 
 ``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
 its span's ids (``compact_record``), encodes the record with its mutations into ``bytes``
-(``encode_one``: marshal) and appends that to a small buffer. Every ``encode_batch`` records
-(and at every drain, flush and close) the buffer is joined into one blob (``join_encoded``: a
-header and a ``bytes.join``) and queued on the pending deque. Encoding as each op ends, rather
+(``encode_one``: marshal) and appends that to a buffer. At every drain, flush and close (the
+drain thread's cycle, every ``interval_s``) the buffer is joined into one blob
+(``join_encoded``: a header and a ``bytes.join``) and queued on the pending deque; the cache's
+thread joins it itself only when it reaches ``encode_batch`` records (a drain thread that
+fell behind), so no op pays for queueing the others' records. Encoding as each op ends, rather
 than queueing the records' objects until a drain, is deliberate: ``bytes`` are invisible to the
 garbage collector, while thousands of queued tuples and lists make it run far more often on
 the cache's thread, including full whole-heap passes; the op's tuples die young. Encoding each
@@ -61,14 +63,15 @@ class TelemetryRecorder(FlightRecorder):
             and crash bundles, at least (whole encoded batches are kept); 0 keeps none. Kept as
             encoded ``bytes``: cheap, and untracked by the garbage collector.
         capture_context: ask the cache to capture the caller's OTel context per op.
-        encode_batch: encoded records joined into one blob (1: each record its own blob).
+        encode_batch: buffered records at which the cache's thread joins and queues them
+            itself (the drain thread does it every cycle); 1: each record its own blob.
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
                  block_timeout_s: float = 2.0, ring_capacity: int = 4096,
-                 capture_context: bool = True, encode_batch: int = 64) -> None:
+                 capture_context: bool = True, encode_batch: int = 4096) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
         if queue_capacity < 1:
@@ -117,8 +120,8 @@ class TelemetryRecorder(FlightRecorder):
             self.attached.set()
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
-        """The hot path: reduce, encode, append; queue every ``encode_batch`` records. Never
-        raises."""
+        """The hot path: reduce, encode, append (queued by the drain thread, or here once
+        ``encode_batch`` records wait). Never raises."""
         try:
             buf = self._buf
             if self.queued + len(buf) < self.queue_capacity:
