@@ -44,6 +44,8 @@ class _Acc:
 
 
 def _post_order(node: Node) -> list[Node]:
+    if not node.children:
+        return [node]
     out, stack = [], [(node, False)]
     while stack:
         n, done = stack.pop()

@@ -2,8 +2,8 @@
 be acked, and slots a caller hands over that it does not hold.
 
 Every guard raises ``TypeError`` / ``ValueError`` naming the bad value before anything changes,
-and costs at most O(len) of its input (no tree scan): the path walk of ``device_prefix_len`` is
-the same walk ``insert`` does next.
+and costs at most O(len) of its input (no tree scan): ``insert``'s walk below ``prev_prefix_len``
+is done once, by its guard, and the insert resumes where the guard stopped.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from radixscope.cache.components import STATE, WINDOW
+from radixscope.cache.pools import _np
 from radixscope.cache.tiers import DEVICE
 
 
@@ -55,33 +56,50 @@ class Guards:
                 raise ValueError(f"transfer {int(t)} is not in flight (never started)")
         return [int(t) for t in ids]
 
-    def _device_prefix_len(self, tokens: tuple[int, ...], extra_key) -> int:
+    def _device_prefix_len(self, tokens, extra_key) -> int:
         """Tokens of ``tokens`` the tree holds with FULL on device, from the root (read-only)."""
-        tree = self.tree
-        node, off, n = tree.root, 0, len(tokens)
-        while off < n:
-            step = tree.descend(node, tokens, off, extra_key)
+        return self._device_prefix(tokens, extra_key, len(tokens))[2]
+
+    def _device_prefix(self, tokens, extra_key, stop: int) -> tuple:
+        """Walk ``tokens`` down the nodes holding FULL on device (read-only). Returns
+        ``(node, off, have)``: the deepest node whose whole key matched and that ends at or
+        before ``stop``, where it ends, and the device prefix length the walk established (it
+        stops once that reaches ``stop``)."""
+        descend = self.tree.descend
+        node = self.tree.root
+        off = have = 0
+        while have < stop:
+            step = descend(node, tokens, off, extra_key)
             if step is None:
                 break
             child, k = step
             if child.data[0].values[DEVICE] is None:
                 break
-            off += k
-            if k < len(child.key):
+            have = off + k
+            if k < len(child.key) or have > stop:
                 break
-            node = child
-        return off
+            node, off = child, have
+        return node, off, have
 
-    def _check_insert_slots(self, tokens: tuple[int, ...], extra_key, idx: torch.Tensor,
+    def _check_insert_slots(self, tokens, extra_key, idx: torch.Tensor,
                            swa: torch.Tensor | None, mamba_slot: torch.Tensor | None, prev: int,
-                           swa_ev: int) -> None:
+                           swa_ev: int) -> tuple:
         """The caller's slots for ``insert``: below ``prev`` the tree's own (the tree must hold that
         much of the key on device, in those slots' pages); from ``prev`` on allocated, held by the
-        request (not by a node) and named once, per component."""
+        request (not by a node) and named once, per component. Read-only; raises before the
+        insert changes anything.
+
+        Returns ``(node, off)``: where the insert walk resumes. The nodes above it lie wholly
+        below ``prev`` with FULL on device, where the walk has nothing to do (no split, no
+        slot to free or adopt, no tombstone to heal: all of that starts at ``prev``), so the
+        path is walked once, here."""
         n = len(tokens)
+        node, off = self.tree.root, 0
+        idx = _np(idx)  # one conversion; the checks below take numpy slices of it
         if prev:
-            have = self._device_prefix_len(tokens, extra_key)
+            node, off, have = self._device_prefix(tokens, extra_key, prev)
             if prev > have:
+                have = self._device_prefix_len(tokens, extra_key)
                 raise ValueError(f"prev_prefix_len={prev} but the tree holds only {have} tokens of "
                                  "this key on device")
             self.device_pools[0].alloc.check_tree_owned(idx[:prev], "device_indices below "
@@ -94,6 +112,7 @@ class Guards:
                 self.device_pools[self.ci[WINDOW]].alloc.check_request_held(swa[lo:n], "swa_indices")
         if mamba_slot is not None:
             self.device_pools[self.ci[STATE]].alloc.check_request_held(mamba_slot, "mamba_slot")
+        return node, off
 
 
 __all__ = ["Guards"]

@@ -144,8 +144,8 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
             if busy:
                 raise ValueError(f"mamba slots {busy} are still being written by load-back "
                                  f"{self.cow_pending[busy[0]]}: poll it before freeing")
-        if any(map(alloc.tree_owned, pages)):
-            bad = [q * alloc.page_size for q in pages if alloc.tree_owned(q)]
+        bad = alloc.any_tree_owned(pages)
+        if bad:
             raise ValueError(f"{alloc.name}: slots {bad[:8]} are owned by the tree, not held by "
                              "a request: free only what alloc (or a CoW) handed out")
         return self._run(ev.OP_FREE, req_id, self._free, ci, indices, pages)

@@ -62,23 +62,26 @@ class Insertion(CacheCore):
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
                              f"(page_size={self.page_size})")
-        self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
-                                 prev_prefix_len, swa_evicted_len)
+        start = self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
+                                         prev_prefix_len, swa_evicted_len)
         n = len(tokens)
-        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key,
-                        idx[:n], None if swa is None else swa[:n], mamba_slot,
-                        prev_prefix_len, swa_evicted_len)
+        if n < raw_len:  # the caller keeps the slots past the last whole page
+            idx = idx[:n]
+            swa = None if swa is None else swa[:n]
+        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key, idx, swa,
+                        mamba_slot, prev_prefix_len, swa_evicted_len, start)
         if not out.backups:
             return out
         return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
                                                       for t in out.backups))
 
-    def _insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev) -> InsertResult:
-        """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache)."""
+    def _insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev,
+                     start: tuple) -> InsertResult:
+        """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache),
+        resuming at ``start`` = ``(node, off)``, where the guard's walk stopped."""
         tree = self.tree
         si = self.ci.get(WINDOW)
-        root = tree.root
-        node, off, n = root, 0, len(tokens)
+        (node, off), n = start, len(tokens)
         swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
         # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
         # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
@@ -169,7 +172,8 @@ class Insertion(CacheCore):
                             f"shape {tuple(t.shape)}")
         if t.numel() != length:
             raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
-        t = t.to(device="cpu", dtype=torch.int64)
+        if t.dtype is not torch.int64 or not t.is_cpu:
+            t = t.to(device="cpu", dtype=torch.int64)
         if ci is not None:
             self._check_live(t, ci, name)
         return t

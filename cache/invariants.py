@@ -252,7 +252,7 @@ class Invariants:
                     v.append((f"{comp.name}.{tn}.slot_freed", nid, f"holds freed slots {freed[:8]}"))
         if tier == DEVICE:  # the tree-ownership marks (what free / insert trust) equal a recount
             held = {s // alloc.page_size for _, val in values for s in val.tolist()}
-            marked = {q for q in range(alloc.num_pages) if alloc.tree_owned(q)}
+            marked = alloc.tree_pages()
             if held != marked:
                 v.append((f"{comp.name}.{tn}.tree_marks", None,
                           f"pages held by nodes but unmarked {sorted(held - marked)[:8]}, marked "

@@ -38,10 +38,12 @@ class Locks(CacheCore):
     def _lock(self, n: Node, owner) -> LockReceipt:
         pins, skipped = self.lock_pins(n)
         rid = self.acquire(n, DEVICE, pins, owner)
+        # the lock entry holds the pinned ids per component, in component order
+        comps = self.comps
         return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE,
-                           tuple((self.comps[ci].name, tuple(x.id for x in ns))
-                                 for ci, ns in sorted(pins.items()) if ns),
-                           tuple(x.id for x in skipped), False, self.instance)
+                           tuple([(comps[ci].name, tuple(ids))
+                                  for ci, ids in self.locks[rid].pins.items()]),
+                           tuple([x.id for x in skipped]), False, self.instance)
 
     def _entry_of(self, receipt) -> LockEntry:
         if not isinstance(receipt, LockReceipt):

@@ -8,48 +8,30 @@ Neither knows the tree.
 
 from __future__ import annotations
 
-from array import array
-
+import numpy as np
 import torch
 
-_SMALL = 256  # up to this many indices a check runs as Python loops, past it as torch calls
+
+def _np(indices: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU index tensor (a copy for one on another device)."""
+    return indices.numpy() if indices.is_cpu else indices.cpu().numpy()
 
 
-def _list(pages: list[int] | torch.Tensor) -> list[int]:
-    return pages if isinstance(pages, list) else pages.tolist()
-
-
-def _all(bitmap: bytearray, view: torch.Tensor, pages: list[int] | torch.Tensor) -> bool:
-    if isinstance(pages, list):
-        return all(map(bitmap.__getitem__, pages))
-    return not pages.numel() or bool(view[pages].all())
-
-
-def _any(bitmap: bytearray, view: torch.Tensor, pages: list[int] | torch.Tensor) -> bool:
-    if isinstance(pages, list):
-        return any(map(bitmap.__getitem__, pages))
-    return bool(pages.numel()) and bool(view[pages].any())
-
-
-def _distinct(pages: list[int] | torch.Tensor) -> bool:
-    if isinstance(pages, list):
-        return len(set(pages)) == len(pages)
-    return torch.unique(pages).numel() == pages.numel()
-
-
-def _view(bitmap: bytearray) -> torch.Tensor:
-    """A uint8 tensor over ``bitmap``'s memory (writes to either are seen by both)."""
-    if not bitmap:
-        return torch.zeros(0, dtype=torch.uint8)
-    return torch.frombuffer(bitmap, dtype=torch.uint8)
+def _distinct(pages: np.ndarray) -> bool:
+    if pages.size < 2:
+        return True
+    s = pages.copy()
+    s.sort()
+    return not np.count_nonzero(s[1:] == s[:-1])
 
 
 class SlotAllocator:
-    """Free-page stack plus a used-page bitmap.
+    """Free-page stack plus per-page bitmaps, all numpy arrays.
 
-    Page ids live in an ``array('q')`` (8 bytes a page, not a Python int object each) and the
-    bitmap in a ``bytearray``: per call the cost is a few array operations per page, far below the fixed overhead of small torch ops. Indices
-    cross the boundary as int64 tensors.
+    The free stack is an int64 array with a top index and the bitmaps are uint8 arrays (one byte
+    a page): a call costs a few numpy calls whatever its length (about a microsecond each, below
+    the fixed overhead of a small torch op and far below a Python loop over a few hundred pages).
+    Indices cross the boundary as int64 tensors (sharing memory with numpy where they can).
 
     Args:
         name: pool name used in errors (``full/device``...).
@@ -64,22 +46,22 @@ class SlotAllocator:
         self.page_size = page_size
         self.capacity = slots
         self.num_pages = slots // page_size
-        self._free = array("q", range(self.num_pages - 1, -1, -1))  # a stack: page 0 first
-        self._used = bytearray(self.num_pages)
-        self._tree = bytearray(self.num_pages)  # 1: a tree node holds the page (device tier)
-        # the same bitmaps as tensors sharing their memory: a validation of a few thousand
-        # slots is then one gather in C, not a Python loop per page
-        self._used_v = _view(self._used)
-        self._tree_v = _view(self._tree)
-        self._offsets = torch.arange(page_size, dtype=torch.int64)
+        # the free stack: ``_stack[:_top]``, popped from the top (page 0 first); 4 bytes a page
+        # while page ids fit (the stack is preallocated for every page of the pool)
+        dt = np.int32 if self.num_pages < 2**31 else np.int64
+        self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=dt)
+        self._top = self.num_pages
+        self._used = np.zeros(self.num_pages, dtype=np.uint8)
+        self._tree = np.zeros(self.num_pages, dtype=np.uint8)  # 1: a tree node holds the page
+        self._offsets = np.arange(page_size, dtype=np.int64)
 
     @property
     def available(self) -> int:
         """Free slots."""
-        return len(self._free) * self.page_size
+        return self._top * self.page_size
 
     def used_slots(self) -> int:
-        return (self.num_pages - len(self._free)) * self.page_size
+        return (self.num_pages - self._top) * self.page_size
 
     def is_used(self, page: int) -> bool:
         return bool(self._used[page])
@@ -87,149 +69,145 @@ class SlotAllocator:
     def alloc(self, num_slots: int) -> torch.Tensor | None:
         """Slot indices for ``num_slots`` rounded up to whole pages, or None if short."""
         k = -(-num_slots // self.page_size)
-        free = self._free
-        if k > len(free):
+        top = self._top
+        if k > top:
             return None
         if k == 0:
             return torch.empty(0, dtype=torch.int64)
-        picked = free[-k:]
-        picked.reverse()
+        picked = self._stack[top - k:top][::-1].astype(np.int64)  # a copy
         used = self._used
-        for p in picked:
-            if used[p]:
-                raise RuntimeError(f"{self.name}: double alloc of page {p} (allocator corrupted)")
-            used[p] = 1
-        del free[-k:]
-        pages = torch.frombuffer(picked, dtype=torch.int64)
+        if np.count_nonzero(used[picked]):
+            bad = [int(q) for q in picked if used[q]]
+            raise RuntimeError(f"{self.name}: double alloc of page {bad[0]} (allocator corrupted)")
+        used[picked] = 1
+        self._top = top - k
         if self.page_size == 1:
-            return pages
-        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+            return torch.from_numpy(picked)
+        return torch.from_numpy((picked[:, None] * self.page_size + self._offsets).reshape(-1))
 
-    def pages_of(self, indices: torch.Tensor) -> list[int]:
-        """Page ids of whole-page ``indices``; raises ValueError if they are not whole pages."""
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
+    def pages_of(self, indices: torch.Tensor | np.ndarray, name: str | None = None
+                 ) -> np.ndarray:
+        """Page ids of whole-page ``indices`` (a numpy int64 array); raises TypeError /
+        ValueError if they are not an int64 tensor of whole pages in range. A 1-D int64
+        ndarray (a caller's tensor already converted once) is taken as is."""
+        if type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1:
+            a = indices
+        elif not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
                 or indices.dtype != torch.int64:
             raise TypeError(f"{self.name}: indices must be a 1-D int64 tensor, got "
                             f"{getattr(indices, 'dtype', type(indices).__name__)}")
+        else:
+            a = _np(indices)
         p = self.page_size
         if p == 1:
-            pages = indices.tolist()
+            pages = a
         else:
-            n = indices.numel()
+            n = a.size
             if n % p:
                 raise ValueError(f"{self.name}: {n} indices are not whole pages of {p}")
-            rows = indices.view(-1, p)
-            first = rows[:, 0]
-            if n and not bool(torch.equal(rows - first[:, None], self._offsets.expand_as(rows))):
+            rows = a.reshape(-1, p)
+            pages = rows[:, 0]
+            if n and (not np.array_equal(rows - pages[:, None], np.broadcast_to(
+                    self._offsets, rows.shape)) or np.count_nonzero(pages % p)):
                 raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
-                                 f"{indices[:min(n, 16)].tolist()}...")
-            pages = first.tolist()
-            if any(q % p for q in pages):
-                raise ValueError(f"{self.name}: indices are not page-aligned: {pages[:8]}")
-            pages = [q // p for q in pages]
-        if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
-            raise ValueError(f"{self.name}: slot index out of range [0, {self.capacity}): "
-                             f"{min(pages) * p}..{max(pages) * p + p - 1}")
+                                 f"{a[:min(n, 16)].tolist()}...")
+            pages = pages // p
+        if pages.size and (pages.max() >= self.num_pages or pages.min() < 0):
+            lo, hi = int(pages.min()), int(pages.max())
+            raise ValueError(f"{name or self.name}: slot index out of range [0, "
+                             f"{self.capacity}): {lo * p}..{hi * p + p - 1}")
         return pages
 
-    def check_free(self, indices: torch.Tensor) -> list[int]:
+    def _bad(self, pages: np.ndarray, mask: np.ndarray) -> list[int]:
+        """The first few slots of ``pages`` where ``mask`` holds (for error messages)."""
+        return [int(q) * self.page_size for q in pages[mask][:8]]
+
+    def check_free(self, indices: torch.Tensor) -> np.ndarray:
         """Validate a free without doing it (no state change). Returns the page ids."""
         pages = self.pages_of(indices)
-        used = self._used
-        if not all(map(used.__getitem__, pages)):
-            bad = [q * self.page_size for q in pages if not used[q]]
-            raise ValueError(f"{self.name}: double free of slot(s) {bad[:16]}")
-        if len(set(pages)) != len(pages):
+        used = self._used[pages]
+        if np.count_nonzero(used) != pages.size:
+            raise ValueError(f"{self.name}: double free of slot(s) {self._bad(pages, used == 0)}")
+        if not _distinct(pages):
             raise ValueError(f"{self.name}: double free: pages repeated in one free call")
         return pages
 
     def check_live(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError unless every index is an allocated slot."""
-        pages = self._pages(indices, name)
-        if not _all(self._used, self._used_v, pages):
-            bad = [q * self.page_size for q in _list(pages) if not self._used[q]]
-            raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
-                             "allocated)")
-
-    def _pages(self, indices: torch.Tensor, name: str) -> list[int] | torch.Tensor:
-        """Page ids of whole-page ``indices``: a list for a few pages (Python's own loops are
-        cheaper there), a tensor for many (a few torch calls whatever the length)."""
-        if isinstance(indices, torch.Tensor) and indices.numel() <= _SMALL:
-            return self.pages_of(indices)
-        return self._page_tensor(indices, name)
-
-    def _page_tensor(self, indices: torch.Tensor, name: str) -> torch.Tensor:
-        """Page ids of whole-page ``indices`` as a tensor (type, alignment and range checked,
-        in a few torch calls whatever the length)."""
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 \
-                or indices.dtype != torch.int64:
-            raise TypeError(f"{self.name}: indices must be a 1-D int64 tensor, got "
-                            f"{getattr(indices, 'dtype', type(indices).__name__)}")
-        p, n = self.page_size, indices.numel()
-        if n == 0:
-            return indices
-        if p == 1:
-            pages = indices
-        else:
-            if n % p:
-                raise ValueError(f"{self.name}: {n} indices are not whole pages of {p}")
-            rows = indices.view(-1, p)
-            first = rows[:, 0]
-            if not bool(torch.equal(rows - first[:, None], self._offsets.expand_as(rows))) \
-                    or bool((first % p).any()):
-                raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
-                                 f"{indices[:min(n, 16)].tolist()}...")
-            pages = first // p
-        lo, hi = torch.aminmax(pages)
-        if int(lo) < 0 or int(hi) >= self.num_pages:
-            raise ValueError(f"{name}: slot index out of range [0, {self.capacity}): "
-                             f"{int(lo) * p}..{int(hi) * p + p - 1}")
-        return pages
+        pages = self.pages_of(indices, name)
+        used = self._used[pages]
+        if np.count_nonzero(used) != pages.size:
+            raise ValueError(f"{name}: slots {self._bad(pages, used == 0)} are not allocated "
+                             "(freed or never allocated)")
 
     def mark_tree(self, indices: torch.Tensor, owned: bool) -> None:
         """Record that a tree node took (``owned``) or dropped the whole-page ``indices``."""
         p = self.page_size
-        firsts = indices if p == 1 else indices[::p]
-        flag, b = self._tree, 1 if owned else 0
-        for s in firsts.tolist():
-            flag[s // p] = b
+        a = _np(indices)
+        self._tree[a if p == 1 else a[::p] // p] = 1 if owned else 0
 
     def tree_owned(self, page: int) -> bool:
         return bool(self._tree[page])
 
+    def any_tree_owned(self, pages: np.ndarray) -> list[int]:
+        """Slots (the first of each page, at most 8) of ``pages`` a tree node owns."""
+        owned = self._tree[pages]
+        return self._bad(pages, owned != 0) if np.count_nonzero(owned) else []
+
+    def tree_pages(self) -> set[int]:
+        """Every page a tree node owns (for the invariant check)."""
+        return set(np.flatnonzero(self._tree).tolist())
+
     def check_request_held(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError (nothing changed) unless ``indices`` are whole pages, each allocated,
         held by a request (no tree node owns it) and named once."""
-        pages = self._pages(indices, name)
-        used, tree, p = self._used, self._tree, self.page_size
-        if not _all(used, self._used_v, pages):
-            bad = [q * p for q in _list(pages) if not used[q]]
-            raise ValueError(f"{name}: slots {bad[:8]} are not allocated (freed or never "
-                             "allocated)")
-        if _any(tree, self._tree_v, pages):
-            bad = [q * p for q in _list(pages) if tree[q]]
-            raise ValueError(f"{name}: slots {bad[:8]} are owned by the tree, not held by the "
-                             "request")
+        pages = self.pages_of(indices, name)
+        used = self._used[pages]
+        if np.count_nonzero(used) != pages.size:
+            raise ValueError(f"{name}: slots {self._bad(pages, used == 0)} are not allocated "
+                             "(freed or never allocated)")
+        tree = self._tree[pages]
+        if np.count_nonzero(tree):
+            raise ValueError(f"{name}: slots {self._bad(pages, tree != 0)} are owned by the "
+                             "tree, not held by the request")
         if not _distinct(pages):
             seen: set[int] = set()
-            dup = [q * p for q in _list(pages) if q in seen or seen.add(q)]
+            dup = [q * self.page_size for q in pages.tolist() if q in seen or seen.add(q)]
             raise ValueError(f"{name}: slots {dup[:8]} appear more than once")
 
     def check_tree_owned(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError unless every slot of ``indices`` is owned by a tree node."""
-        pages = self._pages(indices, name)
-        if not _all(self._tree, self._tree_v, pages):
-            bad = [q * self.page_size for q in _list(pages) if not self._tree[q]]
-            raise ValueError(f"{name}: slots {bad[:8]} are not held by the tree")
+        pages = self.pages_of(indices, name)
+        tree = self._tree[pages]
+        if np.count_nonzero(tree) != pages.size:
+            raise ValueError(f"{name}: slots {self._bad(pages, tree == 0)} are not held by the "
+                             "tree")
 
-    def free(self, indices: torch.Tensor, checked_pages: list[int] | None = None) -> int:
+    def free_owned(self, indices: torch.Tensor) -> int:
+        """Return whole pages the cache itself holds: a node's value, or a request's slots its
+        operation already checked (``check_request_held``). Only the used bitmap is checked
+        (a double free still raises, before any change); their range and distinctness were
+        settled when they entered the cache. Returns the number of slots freed."""
+        p = self.page_size
+        a = _np(indices)
+        pages = a if p == 1 else a[::p] // p
+        used = self._used
+        if np.count_nonzero(used[pages]) != pages.size:
+            raise ValueError(f"{self.name}: double free of slot(s) "
+                             f"{self._bad(pages, used[pages] == 0)}")
+        return self._push(pages)
+
+    def free(self, indices: torch.Tensor, checked_pages: np.ndarray | None = None) -> int:
         """Return whole pages to the pool. Returns the number of slots freed."""
         pages = self.check_free(indices) if checked_pages is None else checked_pages
-        used = self._used
-        for q in pages:
-            used[q] = 0
-        self._free.extend(pages)
-        return len(pages) * self.page_size
+        return self._push(pages)
+
+    def _push(self, pages: np.ndarray) -> int:
+        self._used[pages] = 0
+        top, n = self._top, pages.size
+        self._stack[top:top + n] = pages
+        self._top = top + n
+        return n * self.page_size
 
 
 class KVPool:

@@ -182,11 +182,11 @@ class Recording:
     def _emit_state(self, node: Node, ci: int) -> None:
         if self._on:
             d = node.data[ci]
-            comp = self.comps[ci]
             self.seq = seq = self.seq + 1
-            size = comp.size
-            self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, comp.name, None, (
-                tuple([None if v is None else size(v) for v in d.values]), tuple(d.refs))))
+            size = self._sizes[ci]
+            self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, self.comps[ci].name,
+                               None, (tuple([None if v is None else size(v) for v in d.values]),
+                                      tuple(d.refs))))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""

@@ -18,7 +18,7 @@ import torch
 from radixscope.cache import events as ev
 from radixscope.cache.components import BACKBONE, WINDOW, build_components
 from radixscope.cache.config import CacheConfig
-from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.errors import CacheOutOfMemory, StaleHandle
 from radixscope.cache.events import Recorder
 from radixscope.cache.memory import check_fits
 from radixscope.cache.pools import KVPool, StatePool
@@ -53,6 +53,7 @@ class CacheCore(Recording):
         self.page_size = config.page_size
         self.comps = build_components(config)
         self.ci = {c.name: c.index for c in self.comps}
+        self._sizes = [c.size_fn() for c in self.comps]  # per component: value -> slots
         self.tree = RadixTree(config.page_size, len(self.comps))
         self._build_pools()
         n = len(self.comps)
@@ -126,8 +127,10 @@ class CacheCore(Recording):
 
     # ---- slots ---------------------------------------------------------------------------
     def free_slots(self, ci: int, tier: int, idx: torch.Tensor, checked=None) -> int:
+        """Free slots the cache holds (a node's value, or request slots already validated);
+        ``checked``: the page ids a public ``free`` validated in full."""
         alloc = self.pool(ci, tier).alloc
-        n = alloc.free(idx, checked)
+        n = alloc.free_owned(idx) if checked is None else alloc.free(idx, checked)
         if self._on:
             self._emit_pool(ci, tier, alloc.available)
         return n
@@ -152,10 +155,11 @@ class CacheCore(Recording):
         comp = self.comps[ci]
         old = d.values[tier]
         led = self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci]
+        size = self._sizes[ci]
         if old is not None:
-            led[tier] -= comp.size(old)
+            led[tier] -= size(old)
         if value is not None:
-            led[tier] += comp.size(value)
+            led[tier] += size(value)
         d.values[tier] = value
         if tier == DEVICE:  # the device tier alone keeps tree-ownership marks and D-leaf counts
             alloc = self.device_pools[ci].alloc
@@ -241,20 +245,22 @@ class CacheCore(Recording):
         self._next_receipt += 1
         first: dict[int, Node] = {}  # nodes that went from unpinned to pinned on this tier
         for ci, nodes in pins.items():
-            size = self.comps[ci].size
-            evl, prl = self.evictable[ci], self.protected[ci]
+            size = self._sizes[ci]
+            moved = 0  # slots going from evictable to protected
             for node in nodes:
                 d = node.data[ci]
                 refs = d.refs
-                if refs[tier] == 0:
+                if not refs[tier]:
                     first[node.id] = node
                     v = d.values[tier]
                     if v is not None:
-                        evl[tier] -= size(v)
-                        prl[tier] += size(v)
+                        moved += size(v)
                 refs[tier] += 1
+            if moved:
+                self.evictable[ci][tier] -= moved
+                self.protected[ci][tier] += moved
         entry = LockEntry(rid, owner, anchor.id, tier,
-                          {ci: [n.id for n in nodes] for ci, nodes in sorted(pins.items()) if nodes})
+                          {ci: [n.id for n in pins[ci]] for ci in sorted(pins) if pins[ci]})
         self.locks[rid] = entry
         for node in first.values():
             # a node with FULL on device under a device child is never a leaf: skip the call
@@ -280,19 +286,21 @@ class CacheCore(Recording):
         for ci in sorted(entry.pins):
             if cis is not None and ci not in cis:
                 continue
-            size = self.comps[ci].size
-            evl, prl = self.evictable[ci], self.protected[ci]
+            size = self._sizes[ci]
+            moved = 0  # slots going from protected to evictable
             for nid in entry.pins[ci]:
                 node = nodes[nid]
                 d = node.data[ci]
                 refs = d.refs
                 refs[tier] -= 1
-                if refs[tier] == 0:
+                if not refs[tier]:
                     touched[nid] = node
                     v = d.values[tier]
                     if v is not None:
-                        prl[tier] -= size(v)
-                        evl[tier] += size(v)
+                        moved += size(v)
+            if moved:
+                self.protected[ci][tier] -= moved
+                self.evictable[ci][tier] += moved
         for ci in list(entry.pins):
             if cis is None or ci in cis:
                 del entry.pins[ci]
@@ -405,7 +413,6 @@ class CacheCore(Recording):
             self._compact_heaps()
 
     def node(self, node_id: int) -> Node:
-        from radixscope.cache.errors import StaleHandle
         if isinstance(node_id, bool) or not isinstance(node_id, int):
             raise TypeError(f"node must be an int node id, got {node_id!r}")
         n = self.tree.nodes.get(node_id)

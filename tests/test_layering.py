@@ -17,7 +17,9 @@ TELEMETRY_THIRD = {"torch", "opentelemetry", "pandas", "numpy", "pyarrow", "prom
 # folder -> (allowed third-party top-level modules, allowed project prefixes, forbidden prefixes);
 # the most specific folder wins
 RULES = {
-    "cache": ({"torch", "opentelemetry"}, (f"{R}.cache",),
+    # numpy: the slot allocator's page bitmaps and free stack (a call is a few numpy calls
+    # instead of a Python loop per page, issue 17); torch's own ``Tensor.numpy`` bridges them
+    "cache": ({"torch", "numpy", "opentelemetry"}, (f"{R}.cache",),
               ("opentelemetry.sdk", "opentelemetry.exporter")),
     "telemetry": (TELEMETRY_THIRD, (f"{R}.cache", f"{R}.telemetry"), ("streamlit",)),
     # in the cache's process: the cache's types and its own stage only

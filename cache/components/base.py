@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import torch
+
 from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
+
+_numel = torch.Tensor.numel
 
 
 class Component:
@@ -41,6 +45,11 @@ class Component:
     def size(self, value) -> int:
         """Slots a value occupies (tokens for KV components, 1 per state for MAMBA)."""
         return value.numel()
+
+    def size_fn(self) -> Callable[[object], int]:
+        """``size`` as the cheapest callable: ``Tensor.numel`` itself (a C call, no Python
+        frame) unless a subclass overrides ``size``. For the per-node loops of lock / unlock."""
+        return _numel if type(self).size is Component.size else self.size
 
     # ---- split phase ----------------------------------------------------------------------
     def split(self, child: ComponentData, new: ComponentData, k: int) -> None:

@@ -1,14 +1,18 @@
 """The recorder the cache records into: one tuple and one list append per op.
 
 ``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
-its span's ids (``compact_record``) and appends the record, with its mutations, to a small
-buffer. Every ``encode_batch`` records (and at every drain, flush and close) the buffer is
-encoded into one ``bytes`` (``telemetry.record.encode.encode_batch``: marshal) and queued on the
-pending deque. Encoding within a few dozen ops, rather than queueing the records' objects until
-a drain, is deliberate: ``bytes`` are invisible to the garbage collector, while thousands of
-queued tuples and lists make it run far more often on the cache's thread, including full
-whole-heap passes; a buffer of 64 records dies young. Encoding 64 at a time costs about half
-of encoding each record alone. The pipeline's drain thread (``telemetry/record/drain.py``) ships
+its span's ids (``compact_record``), encodes the record with its mutations into ``bytes``
+(``encode_one``: marshal) and appends that to a buffer. At every drain, flush and close (the
+drain thread's cycle, every ``interval_s``) the buffer is joined into one blob
+(``join_encoded``: a header and a ``bytes.join``) and queued on the pending deque; the cache's
+thread joins it itself only when it reaches ``encode_batch`` records (a drain thread that
+fell behind), so no op pays for queueing the others' records. Encoding as each op ends, rather
+than queueing the records' objects until a drain, is deliberate: ``bytes`` are invisible to the
+garbage collector, while thousands of queued tuples and lists make it run far more often on
+the cache's thread, including full whole-heap passes; the op's tuples die young. Encoding each
+record alone costs about its share of a batch (marshal version 2 has no back-references), and
+no op pays for encoding the records of others: a batch encoded at once (64 records, ~170 us on
+the issue-17 workload) was the p99 of every op with telemetry on. The pipeline's drain thread (``telemetry/record/drain.py``) ships
 the blobs in batches and keeps the last of them as the flight-recorder ring (``tail()`` decodes
 on demand). Side messages (host spans, events, violations) enter through ``submit``.
 
@@ -32,7 +36,17 @@ from typing import Any
 
 from radixscope.cache.events import FlightRecorder, Mutation, OpRecord
 from radixscope.telemetry.record.drops import DROP_EVENT, DROP_MUTATION, DROP_OP, Health
-from radixscope.telemetry.record.encode import compact_record, decode, encode_batch, named_records
+from radixscope.telemetry.record.encode import (
+    _MARSHAL,
+    _MARSHAL_VERSION,
+    _parent_ids,
+    compact_record,
+    decode,
+    decode_one,
+    encode_one,
+    join_encoded,
+    named_records,
+)
 
 OVERFLOW_POLICIES = ("block", "drop")
 
@@ -49,14 +63,15 @@ class TelemetryRecorder(FlightRecorder):
             and crash bundles, at least (whole encoded batches are kept); 0 keeps none. Kept as
             encoded ``bytes``: cheap, and untracked by the garbage collector.
         capture_context: ask the cache to capture the caller's OTel context per op.
-        encode_batch: records encoded together (1: each record at once).
+        encode_batch: buffered records at which the cache's thread joins and queues them
+            itself (the drain thread does it every cycle); 1: each record its own blob.
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
                  block_timeout_s: float = 2.0, ring_capacity: int = 4096,
-                 capture_context: bool = True, encode_batch: int = 64) -> None:
+                 capture_context: bool = True, encode_batch: int = 4096) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
         if queue_capacity < 1:
@@ -76,7 +91,7 @@ class TelemetryRecorder(FlightRecorder):
         self.encode_batch = encode_batch
         self.pending: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
         self.queued = 0  # records in ``pending``
-        self._buf: list[tuple] = []  # compact records not encoded yet (appended by the cache)
+        self._buf: list = []  # encoded records not queued yet (``encode_one``; the cache's thread)
         self._buf_lock = threading.Lock()
         self.ring: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
         self._ring_records = 0
@@ -105,11 +120,21 @@ class TelemetryRecorder(FlightRecorder):
             self.attached.set()
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
-        """The hot path: reduce, append; encode every ``encode_batch`` records. Never raises."""
+        """The hot path: reduce, encode, append (queued by the drain thread, or here once
+        ``encode_batch`` records wait). Never raises."""
         try:
             buf = self._buf
             if self.queued + len(buf) < self.queue_capacity:
-                buf.append(compact_record(op, mutations, self._last))
+                # compact_record + encode_one, inline (this runs once per cache op)
+                ctx = op[5]
+                last = self._last[0]
+                parent = last[1] if last[0] is ctx else _parent_ids(ctx, self._last)
+                rec = (op[0], op[1], op[2], op[3], op[4], parent, op[6], op[7], op[8], op[9],
+                       mutations)
+                try:
+                    buf.append(_MARSHAL(rec, _MARSHAL_VERSION))
+                except ValueError:
+                    buf.append(rec)  # joined by join_encoded's fallback
                 if len(buf) >= self.encode_batch:
                     self.seal()
             else:
@@ -126,21 +151,21 @@ class TelemetryRecorder(FlightRecorder):
             self._room.clear()
             if (self._room.wait(self.block_timeout_s)
                     and self.queued + len(self._buf) < self.queue_capacity):
-                self._buf.append(compact_record(op, mutations, self._last))
+                self._buf.append(encode_one(compact_record(op, mutations, self._last)))
                 return
         self.health.drop(DROP_OP)
         self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
     def seal(self) -> None:
-        """Encode what the buffer holds and queue it (any thread)."""
+        """Join what the buffer holds into one blob and queue it (any thread)."""
         with self._buf_lock:
             buf = self._buf
             n = len(buf)
             if not n:
                 return
-            records = buf[:n]
+            parts = buf[:n]
             del buf[:n]
-            blob, lost = encode_batch(records)
+            blob, lost = join_encoded(parts)
             for rec in lost:
                 self.health.fail("record.encode", None, f"op {rec[0]} ({rec[1]}) cannot be "
                                  "encoded")
@@ -198,7 +223,7 @@ class TelemetryRecorder(FlightRecorder):
         (``context=None``) and their ``Mutation`` s, oldest first (for crash bundles)."""
         with self._buf_lock:
             blobs = [blob for _, blob in list(self.ring) + list(self.pending)]
-            buffered = list(self._buf)
+            buffered = [decode_one(p) for p in self._buf]
         records = [rec for blob in blobs for rec in decode(blob)] + buffered
         if n_ops is not None:
             records = records[-n_ops:] if n_ops > 0 else []

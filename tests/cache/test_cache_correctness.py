@@ -167,3 +167,30 @@ def test_handles_from_another_cache_are_refused():
     assert lb.cache_instance == a.instance and m.cache_instance == a.instance
     assert a.poll([lb.transfer_id]) == [lb.transfer_id]
     a.check()
+
+
+@pytest.mark.parametrize("prev", [0, 4, 8, 12], ids=["none", "inside A", "end of A", "inside B"])
+def test_insert_resumes_where_its_guard_walk_stopped(prev):
+    """``insert``'s guard walks the key below ``prev_prefix_len`` once and the insert resumes
+    there (issue 17). Tree: A = [1..8] (node 1) -> B = [9..16] (node 2). Inserting
+    [1..16, 17, 18] with the tree's slots below ``prev`` and fresh request slots from ``prev``
+    on: the fresh slots for positions already cached (prev..15) go back to the pool, the two
+    new tokens become leaf 3 under B, and no node is split, whatever ``prev`` is."""
+    c = HiRadixCache(make_config(("full",), device_tokens=64))
+    d = Driver(c)
+    d.insert(list(range(1, 9)))
+    d.insert(list(range(1, 17)))
+    assert {n: len(x.key) for n, x in c.tree.nodes.items() if n} == {1: 8, 2: 8}
+    m = c.match_prefix(list(range(1, 17)))
+    tree_slots = m.device_indices
+    fresh = c.alloc(18 - prev)
+    free_before = c.available()
+    key = list(range(1, 19))
+    r = c.insert(key, torch.cat([tree_slots[:prev], fresh]), prev_prefix_len=prev)
+    assert (r.prefix_len, r.new_tokens, r.last_node) == (16, 2, 3)
+    assert {n: len(x.key) for n, x in c.tree.nodes.items() if n} == {1: 8, 2: 8, 3: 2}
+    assert c.tree.nodes[3].parent.id == 2
+    assert c.available() == free_before + (16 - prev)  # the duplicates freed, nothing else
+    assert torch.equal(c.tree.nodes[3].data[0].values[Tier.DEVICE], fresh[16 - prev:])
+    assert torch.equal(c.match_prefix(key).device_indices[:16], tree_slots)
+    c.check()

@@ -356,3 +356,32 @@ def test_the_flight_ring_keeps_its_records_however_they_were_batched():
     assert len(ids) >= 50 and ids == list(range(ids[0], c._op_id + 1))
     assert [o.op_id for o in tel.recorder.tail(7)[0]] == list(range(c._op_id - 6, c._op_id + 1))
     tel.close()
+
+
+def test_records_encoded_one_by_one_join_into_the_batch_blob():
+    """The recorder encodes each record as its op ends (``encode_one``) and joins a batch's
+    parts (``join_encoded``): the blob is byte for byte ``encode_batch``'s, and a record marshal
+    cannot take (a date attribute) sends the batch down ``encode_batch``'s pickle path."""
+    import datetime
+
+    from radixscope.telemetry.record.encode import (
+        decode,
+        decode_one,
+        encode_batch,
+        encode_one,
+        join_encoded,
+    )
+
+    recs = [(i, "insert", 10 * i, 10 * i + 5, f"r{i}", (0, 0, 0, False), i, i,
+             {"key_tokens": i, "freed": {"full": 3}}, None,
+             [(i, i, "node.create", i + 1, None, None, (0, None, tuple(range(i * 50))))])
+            for i in range(5)]
+    parts = [encode_one(r) for r in recs]
+    assert all(type(p) is bytes for p in parts)
+    blob, lost = join_encoded(parts)
+    assert lost == [] and blob == encode_batch(recs)[0] and decode(blob) == recs
+    odd = recs[:2] + [(*recs[2][:8], {"at": datetime.date(2026, 1, 1)}, None, [])]
+    parts = [encode_one(r) for r in odd]
+    assert type(parts[2]) is tuple and decode_one(parts[0]) == odd[0]
+    blob, lost = join_encoded(parts)
+    assert lost == [] and blob[0] == 0x80 and decode(blob) == odd
