@@ -15,7 +15,9 @@ from opentelemetry import context as otel_context
 from radixscope.cache import events as ev
 from radixscope.cache.events import NULL_RECORDER, Recorder
 from radixscope.cache.op_attrs import OP_ATTRS
-from radixscope.cache.tiers import TIER_LABELS
+from radixscope.cache.tiers import RESIDENT, TIER_LABELS
+
+_N_RESIDENT = len(RESIDENT)  # values past these (STORAGE) are StoredPages: their own numel
 
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node
@@ -184,9 +186,11 @@ class Recording:
             d = node.data[ci]
             self.seq = seq = self.seq + 1
             size = self._sizes[ci]
+            vals = d.values
+            lens = [None if v is None else size(v) for v in vals[:_N_RESIDENT]]
+            lens += [None if v is None else v.numel() for v in vals[_N_RESIDENT:]]
             self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, self.comps[ci].name,
-                               None, (tuple([None if v is None else size(v) for v in d.values]),
-                                      tuple(d.refs))))
+                               None, (tuple(lens), tuple(d.refs))))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""

@@ -23,10 +23,14 @@ from radixscope.cache.events import Recorder
 from radixscope.cache.memory import check_fits
 from radixscope.cache.pools import KVPool, StatePool
 from radixscope.cache.recording import Recording
-from radixscope.cache.tiers import DEVICE, HOST, TIER_LABELS, TIERS, per_tier
+from radixscope.cache.tiers import DEVICE, HOST, STORAGE, TIER_LABELS, TIERS, per_tier
 from radixscope.cache.tree import Node, RadixTree
 
 log = logging.getLogger("radixscope.cache")
+
+
+def _stored_numel(value) -> int:
+    return value.numel()
 
 
 class LockEntry:
@@ -155,7 +159,8 @@ class CacheCore(Recording):
         comp = self.comps[ci]
         old = d.values[tier]
         led = self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci]
-        size = self._sizes[ci]
+        # slot tensors on the tiers with pools; a StoredPages (its own numel) on STORAGE
+        size = self._sizes[ci] if tier != STORAGE else _stored_numel
         if old is not None:
             led[tier] -= size(old)
         if value is not None:
