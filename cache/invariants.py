@@ -215,7 +215,10 @@ class Invariants:
         for cp in t.copies:
             ci = self.ci[cp.component]
             for tier_label, idx in ((cp.src_tier, cp.src), (cp.dst_tier, cp.dst)):
-                alloc = self.pool(ci, Tier.of(tier_label)).alloc
+                pool = self.pools[ci][Tier.of(tier_label)]
+                if pool is None:  # storage: the destination of a store holds no slots
+                    continue
+                alloc = pool.alloc
                 freed = sorted({int(s) for s in idx.tolist()
                                 if not alloc.is_used(int(s) // alloc.page_size)})
                 if freed:

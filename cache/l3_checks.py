@@ -75,6 +75,19 @@ class StorageInvariants(CacheCore):
         for tid, t in self.store_transfers.items():
             if any(r not in self.locks for r in t.receipts):
                 v.append(("store.unpinned", t.anchor, f"store {tid} lost its host pins"))
+            # the writer thread reads these host slots until the ack: they must stay allocated
+            # and stay the pinned nodes' host copies, or L3 gets another owner's bytes under a
+            # valid checksum (a use after free no reader of the shared store can detect)
+            self._check_transfer_slots(t, v)
+            for rid in t.receipts:
+                entry = self.locks.get(rid)
+                for ci, ids in (entry.pins.items() if entry is not None else ()):
+                    gone = [i for i in ids if i not in self.tree.nodes
+                            or self.tree.nodes[i].data[ci].values[HOST] is None]
+                    if gone:
+                        v.append(("store.value_gone", gone[0], f"store {tid} still reads the "
+                                  f"{self.comps[ci].name} host copies of nodes {gone[:8]}, "
+                                  "which are gone"))
         for rid, e in self.locks.items():
             if isinstance(e.owner, str) and e.owner.startswith(STORE_OWNER):
                 t = self.store_transfers.get(int(e.owner[len(STORE_OWNER):]))

@@ -193,3 +193,31 @@ def test_backend_restarted_and_emptied_mid_run(tmp_path):
     assert c.tree.nodes[end].data[0].values[Tier.STORAGE] is not None
     assert be.injected["down"] == 2
     c.close()
+
+
+# ---- a store in flight reads host slots: check() sees them freed (bug zoo class 8) -------------
+@pytest.mark.parametrize("inject", [False, True])
+def test_check_sees_a_store_whose_host_slots_were_freed(tmp_path, inject):
+    """The writer thread reads a store's host slots until its ack. An eviction that ignores the
+    store's host pins (the zoo's use-after-free fault) frees them: the bytes L3 gets would be
+    another owner's under a valid checksum, so check() must name it. The real eviction keeps
+    them (no violation)."""
+    from radixscope.cache import zoo
+
+    slow = FaultyBackend(FileBackend(tmp_path / "l3"), delay=1.0)  # the write stays in flight
+    c = storage_cache(tmp_path, ("full", "swa"), backend=slow)
+    Driver(c).insert(_toks(16))
+    c.poll()  # the backup's ack starts the store of the chain (host-pinned until its ack)
+    assert c.store_transfers
+    si = c.ci["swa"]
+    fired = zoo.inject(c, "host_use_after_free").fired if inject else ()
+    c.evict_host(10**6, component="swa")
+    names = {name for name, _node, _detail in c.violations()}
+    if inject:
+        assert fired
+        assert {"transfer.slot_freed", "store.value_gone"} <= names, names
+    else:
+        assert names == set()
+        assert c.host_pools[si].alloc.available < c.host_pools[si].alloc.capacity
+    c.poll(wait=True)
+    c.close()
