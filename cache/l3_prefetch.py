@@ -80,7 +80,12 @@ class StoragePrefetch(CacheCore):
             pins = {c.index: [anchor] for c in self.comps
                     if c.index == 0 or anchor.data[c.index].values[HOST] is not None}
             rid = self.acquire(anchor, HOST, pins, f"{PREFETCH_OWNER}{req_id}")
-        r = self.prefetcher.start(req_id, hashes)
+        try:
+            r = self.prefetcher.start(req_id, hashes)
+        except BaseException:  # a failed collective, bad hashes: the anchor pin goes with it
+            if rid is not None:
+                self.release(self.locks[rid])
+            raise
         if not r.started:
             if rid is not None:
                 self.release(self.locks[rid])

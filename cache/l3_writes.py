@@ -122,8 +122,9 @@ class StorageWrites(CacheCore):
             return
         for req_id in list(self._pf):
             self.abort_prefetch(req_id)
-        self._ack_stores(True)
-        self.prefetcher.close(timeout)
+        deadline = time.monotonic() + timeout
+        self._ack_stores(True, deadline)  # a store a hung backend never finishes stays unacked
+        self.prefetcher.close(max(0.0, deadline - time.monotonic()))
         self._writer.close(timeout)
         self._writer = None
 
@@ -252,15 +253,16 @@ class StorageWrites(CacheCore):
         self._writer.submit(job)
         return tid
 
-    def _ack_stores(self, wait: bool) -> list[int]:
-        """Ack finished stores in order (all of them with ``wait``), agreed over ranks."""
+    def _ack_stores(self, wait: bool, deadline: float | None = None) -> list[int]:
+        """Ack finished stores in order (all of them with ``wait``, or those done by the
+        monotonic ``deadline``), agreed over ranks."""
         if not self.store_transfers and self._group.world_size == 1:
             return []
         ready = 0
         for t in self.store_transfers.values():
             job = t.meta["job"]
             if wait:
-                job.done.wait()
+                job.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not job.done.is_set():
                 break
             ready += 1

@@ -24,6 +24,7 @@ from radixscope.engine.paths import window_indices
 from radixscope.engine.request import DECODE, PREFILL, Sequence
 
 ADMITTED, REFUSED, REJECTED = "admitted", "refused", "rejected"
+_PREFETCHING = ("started", "ongoing")  # an L3 prefetch runs for the request
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,15 @@ class Admitter:
             except CacheOutOfMemory as e:  # no MAMBA state slot for the copy-on-write
                 reason = f"refused: mamba copy-on-write slot: {e}"
                 return self._reject(seq, reason, {}) if idle else self._refuse(seq, reason, {})
+            if getattr(m, "prefetch_status", "off") in _PREFETCHING:
+                # declined at arrival (rate limit, host room) and started now: the request
+                # waits for it like any prefetching request, rather than prefilling the same
+                # tokens the prefetch is fetching
+                if m.mamba_slot is not None:
+                    c.free(m.mamba_slot, component=STATE, req_id=rid)
+                return self._refuse(seq, "refused: its L3 prefetch started at admission; it "
+                                    "waits for the hand-back", {"prefetch_tokens":
+                                                                m.prefetch_tokens})
             prefix = c.node_prefix_len(m.best_match_node) if m.needs_load_back \
                 else m.device_prefix_len
             adm = c.admission(m, spec.prompt_len - prefix, chunk)

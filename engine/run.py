@@ -10,6 +10,7 @@ re-running the (deterministic) run with a check after every cache call from that
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,8 @@ from radixscope.engine.bundles import RunBundles
 from radixscope.engine.engine import Engine, EngineConfig
 from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCache
 from radixscope.engine.stops import op_violation, stop_on_budget, stopped
+
+log = logging.getLogger("radixscope.engine.run")
 
 Hook = Callable[[Engine], None]
 STORAGE_SCHEMES = ("file:", "redis://", "mooncake://")
@@ -256,7 +259,10 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             _abort(engine, result)
     finally:
         if cache is not None:
-            cache.cache.close()  # L3: stop the prefetch worker and the store writer
+            try:  # L3: stop the prefetch worker and the store writer
+                cache.cache.close()
+            except Exception:  # noqa: BLE001 - the bundles and telemetry below must still close
+                log.exception("closing the cache's storage tier failed")
         if bundles is not None:
             bundles.close()
         if tel is not None:

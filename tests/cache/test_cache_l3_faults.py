@@ -221,3 +221,40 @@ def test_check_sees_a_store_whose_host_slots_were_freed(tmp_path, inject):
         assert c.host_pools[si].alloc.available < c.host_pools[si].alloc.capacity
     c.poll(wait=True)
     c.close()
+
+
+def test_a_prefetch_start_that_raises_releases_the_anchor_pin(tmp_path):
+    """``start`` can raise (a failed collective with several ranks): the host pin match took on
+    the anchor goes with it, nothing else changes, and the next match works."""
+    toks = _toks(32)
+    _write(tmp_path, toks, ("full",))
+    c = storage_cache(tmp_path, ("full",))
+    Driver(c).insert(toks[:8])  # a host-resident anchor below the L3 pages
+    c.poll(wait=True)
+    c.evict(10**6)
+    before = sorted((e.owner, e.anchor) for e in c.locks.values())
+    real = c.prefetcher.start
+
+    def broken(req_id, hashes):
+        raise RuntimeError("all_reduce failed: peer rank went away")
+    c.prefetcher.start = broken
+    with pytest.raises(RuntimeError, match="peer rank"):
+        c.match_prefix(toks, req_id="r", prefetch=True)
+    assert sorted((e.owner, e.anchor) for e in c.locks.values()) == before
+    c.check()
+    c.prefetcher.start = real
+    _proceeds(c, toks, 24)
+    c.close()
+
+
+def test_close_is_bounded_by_its_timeout_when_the_backend_hangs(tmp_path):
+    """A store the backend never finishes does not hang ``close(timeout)``: it is left
+    unacked (its pages are not marked stored)."""
+    hung = FaultyBackend(FileBackend(tmp_path / "l3"), delay=30.0)
+    c = storage_cache(tmp_path, ("full",), backend=hung)
+    Driver(c).insert(_toks(16))
+    c.poll()
+    assert c.store_transfers
+    c.close(timeout=0.2)
+    assert c.store_transfers  # not acked: close gave up at its timeout instead of waiting 30 s
+    assert stored_nodes(c) == []

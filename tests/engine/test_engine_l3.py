@@ -136,3 +136,38 @@ def test_no_admission_while_prefetching_and_abort_on_leave(tmp_path):
     assert not any(str(k.owner).startswith("prefetch:") for k in c.locks.values())
     c.check()
     c.close()
+
+
+def test_admission_does_not_admit_a_request_whose_prefetch_it_just_started(tmp_path):
+    """A request whose arrival left no prefetch running (declined then: rate limit, host
+    room) may find one started by admission's own match: it waits for the hand-back like any
+    prefetching request, instead of prefilling the tokens the prefetch is fetching."""
+    from radixscope.cache.storage import FileBackend
+    from radixscope.engine.admit import ADMITTED, REFUSED
+    from radixscope.engine.model import prefix_hashes
+    from radixscope.engine.request import RequestSpec, Sequence
+    from radixscope.engine.workloads.base import Tokens
+    from tests.kits.prefetchkit import Gate
+
+    a = Tokens(7).ids(44)
+    first = _l3_engine(tmp_path, [RequestSpec("A", a, 40)])
+    first.run()
+    first.cache.cache.close()
+    gate = Gate(FileBackend(tmp_path / "l3"), lambda n, keys: True)
+    e = _l3_engine(tmp_path, [], gate)
+    c = e.cache.cache
+    spec = RequestSpec("A2", a, 40)
+    seq = Sequence(spec, prefix_hashes(spec.tokens, spec.extra_key))  # no arrival prefetch
+    assert e.admitter.try_admit(seq, 16, True, {}) == REFUSED
+    assert c.prefetch_state("A2").status == "ongoing" and seq.phase != "prefill"
+    assert "L3 prefetch" in seq.last_reason
+    gate.release()
+    for _ in range(200):  # bounded: the hand-back comes with a poll once the worker is done
+        c.poll()
+        if c.prefetch_state("A2").status == "done":
+            break
+        time.sleep(0.01)
+    assert e.admitter.try_admit(seq, 16, True, {}) == ADMITTED
+    assert seq.storage_hit == 40
+    c.check()
+    c.close()
