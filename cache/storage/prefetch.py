@@ -151,6 +151,8 @@ class PrefetchController:
             return self._decline(req_id, pe.R_BELOW_THRESHOLD, asked)
         room = max(0, self.limit_tokens - self.occupied_tokens) // p
         n = min(len(hashes), room)
+        if self.group.world_size > 1:  # ranks free drained slots at different polls: agree
+            n = self.group.all_reduce([n], "min")[0]  # (and every rank runs this collective)
         if n == 0 or n * p < threshold:
             return self._decline(req_id, pe.R_RATE_LIMITED, asked)
         hashes = hashes[:n]
