@@ -208,6 +208,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     if inject is not None and inject not in zoo.names():
         raise zoo.UnknownFault(f"unknown fault {inject!r}; the zoo has: {', '.join(zoo.names())}")
     strict = strict or inject is not None
+    if inject is not None and zoo.faults()[inject].needs_storage:
+        _check_storage_fault(spec, inject)
     check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store
     spec.check_storage()
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
@@ -263,6 +265,14 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             tel.close()
         torch.set_num_threads(threads)
     return result
+
+
+def _check_storage_fault(spec: RunSpec, name: str) -> None:
+    """A zoo fault in the L3 prefetch needs an L3 tier whose prefetch fetches pools."""
+    if spec.storage is None or len(PRESETS[spec.preset_name()]["components"]) < 2:
+        raise ValueError(f"--inject {name} needs --storage and a preset with a SWA or MAMBA "
+                         f"component (got storage={spec.storage!r}, preset "
+                         f"{spec.preset_name()!r})")
 
 
 def _abort(engine: Engine, result: RunResult) -> None:

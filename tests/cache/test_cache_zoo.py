@@ -1,6 +1,7 @@
 """Bug-zoo classes driven on the cache (or the prefetch controller) directly: class 3, which no
-engine workload reaches (see docs/zoo.md), and class 6, whose L3 prefetch is not wired into the
-engine yet. Each is caught in the operation where the buggy variant fired."""
+engine workload reaches (see docs/zoo.md), and class 6 on a bare prefetch controller (its engine
+run is in tests/engine/test_zoo.py). Each is caught in the operation where the buggy variant
+fired."""
 
 from __future__ import annotations
 
@@ -71,8 +72,13 @@ def test_class_6_prefetch_stopped_with_pool_transfers_pending_is_caught_in_that_
     ctl.close()
 
 
-def test_prefetch_faults_are_not_engine_names():
-    assert "prefetch_pool_pending" not in zoo.names()
+def test_the_prefetch_fault_goes_on_a_cache_with_pools_or_a_controller():
+    assert "prefetch_pool_pending" in zoo.names()  # --inject takes it (an L3 engine run)
     assert zoo.names("prefetch") == ("prefetch_pool_pending",)
     with pytest.raises(zoo.UnknownFault, match="the zoo has: prefetch_pool_pending"):
         zoo.inject(object(), "load_back_anchor", target="prefetch")
+    from radixscope.cache import CacheConfig, HiRadixCache
+
+    plain = HiRadixCache(CacheConfig.preset("hybrid", device="cpu"))
+    with pytest.raises(ValueError, match="needs an L3 tier .* this cache has no L3 tier"):
+        zoo.inject(plain, "prefetch_pool_pending")

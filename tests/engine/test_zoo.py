@@ -15,7 +15,7 @@ from radixscope.engine.cli import main
 from radixscope.engine.run import execute
 from radixscope.telemetry import open_store
 from radixscope.telemetry.analysis.load import load_bundle
-from tests.kits.zookit import CLEAN, ROOT, ZOO, record, spec
+from tests.kits.zookit import CLEAN, ROOT, ZOO, prepare, record, spec
 from tests.telemetry.test_postmortem_notebook import NOTEBOOK, inject, outputs
 
 
@@ -30,7 +30,7 @@ def _notebook_text(bundle) -> str:
 
 
 def test_the_zoo_lists_every_engine_class():
-    assert sorted(f.number for f in zoo.faults("cache").values()) == [1, 2, 3, 4, 5, 7, 8, 9, 10]
+    assert sorted(f.number for f in zoo.faults("cache").values()) == list(range(1, 11))
     assert sorted(f.number for f in zoo.faults().values()) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert set(ZOO) | {"tombstone_cascade"} == set(zoo.names())
 
@@ -39,6 +39,7 @@ def test_the_zoo_lists_every_engine_class():
 def test_each_class_is_caught_within_one_op_bundled_and_explained(name, tmp_path):
     settings, rule, op = ZOO[name]
     store = tmp_path / "run.db"
+    prepare(settings, store)
     r = execute(spec(settings, store), inject=name)
     assert r.error is not None and not r.ok
     inj = r.injection
@@ -82,13 +83,23 @@ def test_each_class_is_caught_within_one_op_bundled_and_explained(name, tmp_path
 @pytest.mark.parametrize("label", list(CLEAN))
 def test_the_same_runs_without_injection_are_clean(label, tmp_path):
     store = tmp_path / "run.db"
+    prepare(CLEAN[label], store)
     r = execute(spec(CLEAN[label], store), strict=True)  # check() after every cache call
     assert r.error is None and r.ok and r.bundles == []
     assert r.engine.admitter.budget_violations == []
     assert len(r.engine.done) + len(r.engine.rejected) == CLEAN[label]["requests"]
+    if CLEAN[label].get("storage"):  # the L3 twin: its requests did prefetch from the store
+        assert r.cache.cache.storage_stats().prefetch.prefetched_tokens > 0
     with open_store(store) as reader:
         assert reader.violations().empty
         assert reader.events("zoo.inject").empty
+
+
+def test_inject_a_prefetch_fault_without_storage_is_refused_before_the_run(tmp_path):
+    with pytest.raises(ValueError, match="--inject prefetch_pool_pending needs --storage"):
+        execute(spec(ZOO["load_back_anchor"][0], tmp_path / "run.db"),
+                inject="prefetch_pool_pending")
+    assert not (tmp_path / "run.db").exists()
 
 
 def test_inject_an_unknown_name_is_one_line_exit_2(capsys):
