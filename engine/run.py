@@ -258,7 +258,7 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             _abort(engine, result)
     finally:
         if cache is not None:
-            cache.cache.close()  # L3: stop the prefetch worker and the store writer
+            _close(cache.cache, result if "result" in locals() else None)
         if bundles is not None:
             bundles.close()
         if tel is not None:
@@ -276,14 +276,37 @@ def _check_storage_fault(spec: RunSpec, name: str) -> None:
 
 
 def _abort(engine: Engine, result: RunResult) -> None:
-    """Release what the engine holds; after a crash the engine may be inconsistent, so a
-    failure here is noted in the result instead of hiding the crash."""
+    """Release what the engine holds; after a crash or a broken invariant the cache may be
+    inconsistent (a pinned node deleted), so a failure here is noted in the result instead of
+    hiding the problem that stopped the run."""
     try:
         engine.abort()
     except Exception as e:  # noqa: BLE001
-        if result.error_kind != "crash":
+        if result.error_kind not in ("crash", "invariant"):
             raise
-        result.error += f" (and abort failed: {type(e).__name__}: {e})"
+        _cleanup_failed(result, "abort", e)
+
+
+def _cleanup_failed(result: RunResult, what: str, e: Exception) -> None:
+    """Note a failed clean-up after the run stopped: a crash's message says so; an invariant
+    problem's report (already recorded in the store) lists it under ``cleanup``."""
+    if result.error_kind == "crash":
+        result.error += f" (and {what} failed: {type(e).__name__}: {e})"
+    else:
+        (result.violation or {}).setdefault("cleanup", []).append(
+            f"{what} failed: {type(e).__name__}: {e}")
+
+
+def _close(cache: HiRadixCache, result: RunResult | None) -> None:
+    """Stop the L3 prefetch worker and the store writer (acking what they finished). After a
+    run stopped on a problem, a failure here is noted, not raised (the same reason as
+    ``_abort``)."""
+    try:
+        cache.close()
+    except Exception as e:  # noqa: BLE001
+        if result is None or result.error is None:
+            raise
+        _cleanup_failed(result, "closing the cache", e)
 
 
 def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook | None = None

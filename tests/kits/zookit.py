@@ -12,6 +12,7 @@ from radixscope.engine.run import RunSpec, execute
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "zoo"
 L3_STORE = "file:<next to the run's store>"  # ``spec`` puts the run's L3 directory here
+L3_COLD = "file:<next to the run's store, empty>"  # the same, with no warm-up run
 
 _HYBRID = dict(workload="chat", preset="hybrid", requests=20,
                sizes=dict(device_tokens=1024, host_tokens=2048, swa_device_tokens=512,
@@ -31,6 +32,13 @@ _L3_HYBRID = dict(workload="chat", preset="hybrid", requests=20, storage=L3_STOR
                   sizes=dict(device_tokens=2048, host_tokens=4096, swa_device_tokens=512,
                              swa_host_tokens=512, mamba_slots=16, mamba_host_slots=16))
 
+# class 3 as it shipped: an L3 tier whose prefetches host-pin their anchors; fewshot (shared
+# prefixes forking), write_back, host and the auxiliary host pools tight
+_L3_FEWSHOT = dict(workload="fewshot", preset="hybrid", requests=100, write_policy="write_back",
+                   storage=L3_COLD, prefetch_policy="wait_complete", prefetch_threshold=16,
+                   sizes=dict(device_tokens=2048, host_tokens=2048, swa_device_tokens=512,
+                              swa_host_tokens=128, mamba_slots=16, mamba_host_slots=2))
+
 # name -> (run settings, the rule that catches it, the op it is caught at)
 ZOO = {
     "load_back_anchor": (_HYBRID, "load_back.anchor_accepted", "load_back"),
@@ -42,14 +50,17 @@ ZOO = {
     "leaked_lock": (_HYBRID, "lock.released_at_request_end", None),
     "unlanded_read": (_HYBRID, "transfer.orphan_queued", "transfer"),
     "prefetch_pool_pending": (_L3_HYBRID, "prefetch.terminated_pool_pending", "prefetch"),
+    # the op that deletes the pinned anchor: a prefetch start's or an alloc's host eviction
+    "tombstone_cascade": (_L3_FEWSHOT, "lock.dead_pin", None),
 }
 CLEAN = {"hybrid": _HYBRID, "hybrid-small-host": _HYBRID_SMALL_HOST,
-         "full-no-load-back": _FULL_NO_LOAD, "swa-tight": _SWA_TIGHT, "l3-hybrid": _L3_HYBRID}
+         "full-no-load-back": _FULL_NO_LOAD, "swa-tight": _SWA_TIGHT, "l3-hybrid": _L3_HYBRID,
+         "l3-fewshot-write-back": _L3_FEWSHOT}
 
 
 def spec(settings: dict, store: Path) -> RunSpec:
     """The run's spec; an L3 run's file store is ``<store dir>/l3``."""
-    if settings.get("storage") == L3_STORE:
+    if settings.get("storage") in (L3_STORE, L3_COLD):
         settings = dict(settings, storage=f"file:{store.parent / 'l3'}")
     return RunSpec(store=str(store), telemetry_mode="inline", **settings)
 
