@@ -1,7 +1,7 @@
-"""Bug-zoo classes driven on the cache (or the prefetch controller) directly: class 3, which no
-engine workload reaches (see docs/zoo.md), and class 6 on a bare prefetch controller (its engine
-run is in tests/engine/test_zoo.py). Each is caught in the operation where the buggy variant
-fired."""
+"""Bug-zoo classes driven on the cache (or the prefetch controller) directly: class 3 on seed
+001's tree (no L3 tier: the blind cascade alone) and class 6 on a bare prefetch controller (their
+engine runs are in tests/engine/test_zoo.py). Each is caught in the operation where the buggy
+variant fired."""
 
 from __future__ import annotations
 
