@@ -22,6 +22,7 @@ import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import STATE, WINDOW
+from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.results import MatchResult, StorageMatchResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.storage import prefetch_events as pe
@@ -150,7 +151,13 @@ class StoragePrefetch(CacheCore):
     # ---- hand-back (inside poll) ---------------------------------------------------------------
     def _poll_prefetch(self) -> None:
         tok, t0 = self._begin(), time.time_ns()
-        results = self.prefetcher.poll()
+        try:
+            results = self.prefetcher.poll()
+        except BaseException as e:
+            err = self._poll_failed(tok, t0, e)
+            if err is e:
+                raise
+            raise err from e
         if not results:
             self._end_op(tok, ev.OP_PREFETCH, None, {ev.A_PREFETCH_REASON: "drained"}, t0)
             return
@@ -159,6 +166,28 @@ class StoragePrefetch(CacheCore):
                 tok, t0 = self._begin(), time.time_ns()
             attrs = self._hand_back(res)
             self._end_op(tok, ev.OP_PREFETCH, res.req_id, attrs, t0, force=True)
+
+    def _poll_failed(self, tok, t0: int, e: BaseException) -> BaseException:
+        """The controller's poll raised: close the ``prefetch`` op with the error (its record
+        and the crash hook, like any op that raises) and return what to raise. A stop the
+        controller's commit refused (``InvariantViolation`` with ``req_ids``) is renamed onto
+        the prefetches' anchor nodes, with ``rule`` and ``nodes``."""
+        self._depth -= 1
+        err = e
+        req_ids = [r for r in getattr(e, "req_ids", ()) if r in self._pf]
+        if isinstance(e, InvariantViolation) and req_ids:
+            err = InvariantViolation([(name, self._pf[r].anchor, f"{detail}")
+                                      for (name, _seq, detail), r in zip(e.violations, req_ids,
+                                                                         strict=False)])
+            err.rule, err.nodes = err.violations[0][0], tuple(self._pf[r].anchor for r in req_ids)
+        if tok is not None:
+            op_id, _start, seq_first = tok
+            self._emit_record((op_id, ev.OP_PREFETCH, t0, time.time_ns(),
+                               req_ids[0] if req_ids else None, None, seq_first, self.seq,
+                               {ev.A_NODE: self._pf[req_ids[0]].anchor} if req_ids else {},
+                               f"{type(err).__name__}: {err}"))
+        self._after_error(ev.OP_PREFETCH, err)
+        return err
 
     def _hand_back(self, res: PrefetchResult) -> dict:
         run = self._pf.pop(res.req_id)

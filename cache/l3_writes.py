@@ -111,7 +111,7 @@ class StorageWrites(CacheCore):
                                              observer=setup.observer)
         self.storage = setup
         self._group = group
-        self._writer = StoreWriter(setup.backend)
+        self._writer = StoreWriter(setup.backend, setup.observer)
         self._writes = WriteCounters()
         self._store_wanted: dict[int, None] = {}  # nodes whose chain waits to be stored
 
@@ -353,6 +353,8 @@ class StorageWrites(CacheCore):
             sel = hashes[-1:] if comp.boundary_state else hashes
             r = backend.batch_set(self.store_fps[comp.index].keys(sel),
                                   self.store_pages[comp.index], v)
+            if self._writer is not None:
+                self._writer.emit_set(comp.name, r)
             with self._writes.lock:
                 self._writes.write_back_pages += r.ok_count
             for s in r.statuses:

@@ -26,6 +26,7 @@ admission skips a request whose prefetch is still ongoing (it is handed back by 
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from radixscope.engine.admit import ADMITTED, REJECTED, Admitter
 from radixscope.engine.lifecycle import DecodeBatch, Driver
 from radixscope.engine.model import StandInModel, prefix_hashes
 from radixscope.engine.request import DECODE, FINISHED, PREFILL, RequestSpec, Sequence
+
+L3_IDLE_WAIT_S = 0.0005  # a step with nothing to run but prefetches to wait for sleeps this
 
 
 @dataclass(frozen=True)
@@ -203,8 +206,12 @@ class Engine:
         progressed = False
         while self.waiting and len(self.running) < self.config.max_running and budget > 0:
             seq = self._next_waiting()
-            if seq is None:
-                break  # every waiting request is still prefetching from L3
+            if seq is None:  # every waiting request is still prefetching from L3
+                if not self.running:
+                    # nothing to run: give the prefetch worker the interpreter instead of
+                    # spinning (a spinning step loop starves its file / socket reads)
+                    time.sleep(L3_IDLE_WAIT_S)
+                break
             idle = not self.running and not self.cache.transfers
             chunk = min(self.config.chunk_tokens, budget)
             reserved: dict[str, int] = {}

@@ -10,7 +10,6 @@ re-running the (deterministic) run with a check after every cache call from that
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,8 +30,6 @@ from radixscope.engine.bundles import RunBundles
 from radixscope.engine.engine import Engine, EngineConfig
 from radixscope.engine.instrument import CountingRecorder, OpViolation, TimedCache
 from radixscope.engine.stops import op_violation, stop_on_budget, stopped
-
-log = logging.getLogger("radixscope.engine.run")
 
 Hook = Callable[[Engine], None]
 STORAGE_SCHEMES = ("file:", "redis://", "mooncake://")
@@ -211,6 +208,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     if inject is not None and inject not in zoo.names():
         raise zoo.UnknownFault(f"unknown fault {inject!r}; the zoo has: {', '.join(zoo.names())}")
     strict = strict or inject is not None
+    if inject is not None and zoo.faults()[inject].needs_storage:
+        _check_storage_fault(spec, inject)
     check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store
     spec.check_storage()
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
@@ -258,28 +257,58 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
                 tel.record_violation(result.error, kind=result.error_kind, details=details)
             _abort(engine, result)
     finally:
-        if cache is not None:
-            try:  # L3: stop the prefetch worker and the store writer
-                cache.cache.close()
-            except Exception:  # noqa: BLE001 - the bundles and telemetry below must still close
-                log.exception("closing the cache's storage tier failed")
-        if bundles is not None:
-            bundles.close()
-        if tel is not None:
-            tel.close()
-        torch.set_num_threads(threads)
+        try:  # L3: stop the prefetch worker and the store writer
+            if cache is not None:
+                _close(cache.cache, result if "result" in locals() else None)
+        finally:  # a close that raises still leaves the bundles and telemetry closed
+            if bundles is not None:
+                bundles.close()
+            if tel is not None:
+                tel.close()
+            torch.set_num_threads(threads)
     return result
 
 
+def _check_storage_fault(spec: RunSpec, name: str) -> None:
+    """A zoo fault in the L3 prefetch needs an L3 tier whose prefetch fetches pools."""
+    if spec.storage is None or len(PRESETS[spec.preset_name()]["components"]) < 2:
+        raise ValueError(f"--inject {name} needs --storage and a preset with a SWA or MAMBA "
+                         f"component (got storage={spec.storage!r}, preset "
+                         f"{spec.preset_name()!r})")
+
+
 def _abort(engine: Engine, result: RunResult) -> None:
-    """Release what the engine holds; after a crash the engine may be inconsistent, so a
-    failure here is noted in the result instead of hiding the crash."""
+    """Release what the engine holds; after a crash or a broken invariant the cache may be
+    inconsistent (a pinned node deleted), so a failure here is noted in the result instead of
+    hiding the problem that stopped the run."""
     try:
         engine.abort()
     except Exception as e:  # noqa: BLE001
-        if result.error_kind != "crash":
+        if result.error_kind not in ("crash", "invariant"):
             raise
-        result.error += f" (and abort failed: {type(e).__name__}: {e})"
+        _cleanup_failed(result, "abort", e)
+
+
+def _cleanup_failed(result: RunResult, what: str, e: Exception) -> None:
+    """Note a failed clean-up after the run stopped: a crash's message says so; an invariant
+    problem's report (already recorded in the store) lists it under ``cleanup``."""
+    if result.error_kind == "crash":
+        result.error += f" (and {what} failed: {type(e).__name__}: {e})"
+    else:
+        (result.violation or {}).setdefault("cleanup", []).append(
+            f"{what} failed: {type(e).__name__}: {e}")
+
+
+def _close(cache: HiRadixCache, result: RunResult | None) -> None:
+    """Stop the L3 prefetch worker and the store writer (acking what they finished). After a
+    run stopped on a problem, a failure here is noted, not raised (the same reason as
+    ``_abort``)."""
+    try:
+        cache.close()
+    except Exception as e:  # noqa: BLE001
+        if result is None or result.error is None:
+            raise
+        _cleanup_failed(result, "closing the cache", e)
 
 
 def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook | None = None

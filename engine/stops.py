@@ -82,6 +82,19 @@ def stopped(result, e: Exception, engine, bundles, locate) -> None:
         v = result.violation
         dump(note=result.error, exc=e.violation, op=v["op"], op_id=v["op_id"], rule=v["rule"],
              nodes=v["nodes"])
+    elif isinstance(e, InvariantViolation) and getattr(e, "rule", None):
+        # an op's own guard (the prefetch stop commit): the op's record and its bundle name it
+        result.error_kind = "invariant"
+        blame = _blame(result, e)
+        name, _node, detail = e.violations[0]
+        result.error = f"step {step}: invariant {name} broken in op #{blame['op_id']} " \
+                       f"{blame['op']}: {detail}"
+        result.violation = {"message": result.error, "step": step, "invariant": name,
+                            "detail": detail, "violations": [list(v) for v in e.violations],
+                            **blame}
+        if bundles is not None and not bundles.bundled(e):
+            dump(note=result.error, exc=e, op=blame["op"], op_id=blame["op_id"],
+                 rule=blame["rule"], nodes=blame["nodes"])
     elif isinstance(e, InvariantViolation):  # the step-level check(): its hook bundled it
         result.error_kind = "invariant"
         result.violation = locate(step, e)

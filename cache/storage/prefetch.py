@@ -292,13 +292,15 @@ class PrefetchController:
                     ) -> None:
         """The stop rule again, at the commit and independent of the vote: no prefetch whose
         pool transfers this rank sees pending may stop (a wrong local rule or a wrong peer
-        vote would). Raises ``InvariantViolation`` before anything changes."""
+        vote would). Raises ``InvariantViolation`` (``req_ids``: the prefetches) first."""
         bad = [("prefetch.terminated_pool_pending", live[i].seq,
                 f"{live[i].req_id}: the vote stopped it while its pool transfers are pending "
                 "(FULL landed, the SWA / MAMBA pages at its end not yet)")
                for i in stop if views[i].pool_pending]
         if bad:
-            raise InvariantViolation(bad)
+            (err := InvariantViolation(bad)).req_ids = tuple(
+                live[i].req_id for i in stop if views[i].pool_pending)
+            raise err
 
     def _live(self) -> list[PrefetchOp]:
         return [*self._ops.values(), *self._draining]

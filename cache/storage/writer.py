@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from radixscope.cache.storage import prefetch_events as pe
 from radixscope.cache.storage.base import StorageBackend
 from radixscope.cache.storage.pages import HostPages
-from radixscope.cache.storage.results import PageStatus
+from radixscope.cache.storage.results import BatchResult, PageStatus
 
 log = logging.getLogger("radixscope.cache.storage.writer")
 
@@ -54,10 +56,22 @@ class StoreJob:
 
 
 class StoreWriter:
-    """Runs ``StoreJob``s on one thread, in order. ``close`` finishes the queue and stops."""
+    """Runs ``StoreJob``s on one thread, in order. ``close`` finishes the queue and stops.
 
-    def __init__(self, backend: StorageBackend) -> None:
+    Args:
+        backend: the L3 store.
+        observer: receives one ``storage.set`` event per ``batch_set`` call (its own, and the
+            synchronous write-back calls the cache reports through ``emit_set``); a failing
+            observer is logged and counted (``observer_errors``), never raised.
+    """
+
+    def __init__(self, backend: StorageBackend, observer: pe.PrefetchObserver | None = None
+                 ) -> None:
         self.backend = backend
+        self.observer = observer or pe.NULL_OBSERVER
+        self._obs_on = bool(self.observer.enabled)
+        self.observer_errors = 0
+        self._obs_lock = threading.Lock()
         self._q: queue.Queue[StoreJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="radixscope-store", daemon=True)
         self._thread.start()
@@ -77,14 +91,33 @@ class StoreWriter:
                 return
             out = []
             for part in job.parts:
+                t0 = time.perf_counter()
                 try:
                     r = self.backend.batch_set(list(part.keys), part.pages, part.slots)
-                    out.append(r.statuses)
                 except Exception:  # a bug must not strand the job: its pages count as failed
                     log.exception("store writer failed on transfer %s", job.tid)
-                    out.append((PageStatus.ERROR,) * len(part.keys))
+                    r = BatchResult((PageStatus.ERROR,) * len(part.keys), 0,
+                                    time.perf_counter() - t0)
+                out.append(r.statuses)
+                self.emit_set(part.component, r)
             job.statuses = tuple(out)
             job.done.set()
+
+    def emit_set(self, component: str, r: BatchResult) -> None:
+        """Report one ``batch_set`` call to the observer: ``(storage.set, None, time_ns,
+        {pages, bytes, seconds, status (the first non-OK page's, or "ok"), component,
+        backend})``. Called from the writer thread and, for write-back, the cache's thread."""
+        if not self._obs_on:
+            return
+        status = next((st.value for st in r.statuses if not st.ok), "ok")
+        attrs = pe.attrs(pages=len(r.statuses), bytes=r.nbytes, seconds=r.seconds,
+                         status=status, component=component, backend=self.backend.name)
+        try:
+            self.observer.event((pe.STORAGE_SET, None, time.time_ns(), attrs))
+        except Exception:  # telemetry must never break the cache; counted and logged
+            with self._obs_lock:
+                self.observer_errors += 1
+            log.exception("storage observer failed on %s", pe.STORAGE_SET)
 
 
 __all__ = ["StoreJob", "StorePart", "StoreWriter"]

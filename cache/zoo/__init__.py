@@ -33,6 +33,8 @@ class Fault:
         mechanism: what the injected variant does, as the buggy code did.
         caught_by: the radixscope defence that catches it.
         install: ``install(cache, injection)`` puts the buggy variant on the instance.
+        targets: what it can be installed on (``"cache"``, ``"prefetch"``).
+        needs_storage: an engine run needs ``--storage`` and a SWA or MAMBA component.
     """
 
     name: str
@@ -42,7 +44,10 @@ class Fault:
     mechanism: str
     caught_by: str
     install: Callable[[Any, Injection], None]
-    target: str = "cache"  # what ``inject`` takes: a ``HiRadixCache`` or a ``PrefetchController``
+    # what ``inject`` takes it on: ``"cache"`` (a ``HiRadixCache``: ``--inject``) and / or
+    # ``"prefetch"`` (a bare ``PrefetchController``)
+    targets: tuple[str, ...] = ("cache",)
+    needs_storage: bool = False  # an engine run needs an L3 tier (``--storage``) with pools
 
 
 @dataclass
@@ -110,7 +115,7 @@ def _registry() -> dict[str, Fault]:
 
 def faults(target: str | None = None) -> dict[str, Fault]:
     """Every fault by name, in class order (only those for ``target``, when given)."""
-    return {k: f for k, f in _registry().items() if target is None or f.target == target}
+    return {k: f for k, f in _registry().items() if target is None or target in f.targets}
 
 
 def names(target: str = "cache") -> tuple[str, ...]:

@@ -88,6 +88,34 @@ def _install_cascade(cache, inj) -> None:
             acc.deleted.append(node.id)
             node = parent
     cache._delete_tombstone_ancestors = _delete_tombstone_ancestors
+    if getattr(cache, "storage", None) is not None:
+        _prefetch_on_full_match_end(cache)
+
+
+def _prefetch_on_full_match_end(cache) -> None:
+    """With an L3 tier, class 3 as it shipped: SGLang then host-protected the prefetch's
+    ``last_host_node``, the FULL-only match end (before seed 000's fix), which may be a node
+    another component rejects: a tombstone, and the node the cascade deleted. The prefetch is
+    anchored (and host-pinned) there; the match handed back is the correct one."""
+    orig_mp, orig_match = cache._match_prefetch, cache._match
+
+    def _match_prefetch(tokens, extra_key, cow, req_id):
+        true = []
+
+        def match(t, e, c):
+            m = orig_match(t, e, c)
+            true.append(m)
+            end = _full_match_end(cache, t, e)
+            if end is None or end.id == m.best_match_node or end.parent is None:
+                return m
+            return dataclasses.replace(m, best_match_node=end.id)
+        cache._match = match
+        try:
+            out = orig_mp(tokens, extra_key, cow, req_id)
+        finally:
+            del cache._match
+        return dataclasses.replace(out, best_match_node=true[0].best_match_node)
+    cache._match_prefetch = _match_prefetch
 
 
 def _install_ledger(cache, inj) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from radixscope import telemetry
 from radixscope.cache import HiRadixCache
 from radixscope.cache import events as ev
@@ -28,13 +30,14 @@ PAGE = 4
 TOKENS = list(range(1, 1 + 12 * PAGE))  # 12 pages
 
 
-def _cache(tmp: Path, tel, backend=None, **pf) -> HiRadixCache:
+def _cache(tmp: Path, tel, backend=None, write_policy: str = "write_through", **pf
+           ) -> HiRadixCache:
     cfg = make_config(("full",), page_size=PAGE, device_tokens=64 * PAGE, host_tokens=128 * PAGE)
     conf = PrefetchConfig(**{"policy": "wait_complete", "threshold_tokens": PAGE,
                              "batch_pages": 4, "max_host_share": 1.0, **pf})
     be = backend if backend is not None else FileBackend(tmp / "l3")
     return HiRadixCache(cfg, tel.recorder, storage=StorageSetup(
-        be, prefetch=conf, observer=tel.prefetch_observer))
+        be, write_policy=write_policy, prefetch=conf, observer=tel.prefetch_observer))
 
 
 def _written(c: HiRadixCache) -> None:
@@ -149,3 +152,49 @@ def test_hand_back_op_names_are_the_explainers():
     from radixscope.telemetry.analysis.miss import storage as ms
     assert (ms.OP_PREFETCH, ms.A_HIT, ms.A_FOUND) == (ev.OP_PREFETCH, ev.A_PREFETCH_HIT,
                                                       ev.A_PREFETCH_FOUND)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_store_writes_in_spans_metrics_and_the_store(tmp_path, policy):
+    """Every ``batch_set`` the cache makes (the writer thread's write-through stores, the
+    synchronous write-back before host eviction) is a ``storage.set`` event: a
+    ``kv_cache.storage_set`` span, the set-side page / byte metrics and a store event."""
+    tel = telemetry.setup(store=tmp_path / "run.db", in_memory=True, capture_host_spans=False)
+    c = _cache(tmp_path, tel, write_policy=policy)
+    _written(c)
+    w = c.storage_stats().writes
+    assert (w.pages_stored, w.write_back_pages) == ((12, 0) if policy == "write_through"
+                                                     else (0, 12))
+    tel.flush()
+    sets = [s for s in tel.memory_exporter.get_finished_spans()
+            if s.name == n.SPAN_STORAGE_SET]
+    assert sets and all(s.attributes[n.ATTR_STORAGE_STATUS] == "ok" for s in sets)
+    pts = metric_points(tel.metric_reader)
+    pages = {k: p.value for k, p in by_labels(pts[n.M_STORAGE_PAGES], n.LABEL_STORAGE_OP,
+                                              n.LABEL_STORAGE_STATUS, n.LABEL_COMPONENT).items()}
+    assert pages == {("set", "ok", "full"): 12}
+    nbytes = {k: p.value for k, p in by_labels(pts[n.M_STORAGE_BYTES], n.LABEL_STORAGE_OP,
+                                               n.LABEL_COMPONENT).items()}
+    assert nbytes[("set", "full")] > 0
+    assert c._writer.observer_errors == 0
+    c.storage_close()
+    tel.close()
+    with telemetry.open_store(tmp_path / "run.db") as r:
+        ev_set = r.events(pe.STORAGE_SET)
+    assert sum(a[pe.A_PAGES] for a in ev_set["attrs"]) == 12
+
+
+def test_a_failing_observer_never_breaks_a_store_write(tmp_path):
+    class Boom(pe.ListObserver):
+        def event(self, e: tuple) -> None:
+            if e[0] == pe.STORAGE_SET:
+                raise RuntimeError("boom")
+            super().event(e)
+
+    cfg = make_config(("full",), page_size=PAGE, device_tokens=64 * PAGE, host_tokens=128 * PAGE)
+    c = HiRadixCache(cfg, storage=StorageSetup(FileBackend(tmp_path / "l3"), observer=Boom()))
+    _written(c)
+    assert c.storage_stats().writes.pages_stored == 12  # the store landed all the same
+    assert c._writer.observer_errors >= 1
+    c.check()
+    c.storage_close()
