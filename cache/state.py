@@ -20,6 +20,7 @@ from radixscope.cache.components import BACKBONE, WINDOW, build_components
 from radixscope.cache.config import CacheConfig
 from radixscope.cache.errors import CacheOutOfMemory, StaleHandle
 from radixscope.cache.events import Recorder
+from radixscope.cache.leaves import LeafSets
 from radixscope.cache.memory import check_fits
 from radixscope.cache.pools import KVPool, StatePool
 from radixscope.cache.recording import Recording
@@ -47,7 +48,7 @@ class LockEntry:
         self.pins = pins
 
 
-class CacheCore(Recording):
+class CacheCore(LeafSets, Recording):
     storage = None  # the StorageSetup of an L3 tier (``HiRadixCache(..., storage=...)``)
 
     def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
@@ -64,13 +65,7 @@ class CacheCore(Recording):
         # per component, per tier (``Tier`` indexes the inner lists)
         self.evictable = [per_tier(0) for _ in range(n)]
         self.protected = [per_tier(0) for _ in range(n)]
-        # FULL's evictable leaves per tier (ids) and their lazy LRU heaps (access tick, id)
-        self.leaves: list[set[int]] = [set() for _ in TIERS]
-        self._heaps: list[list[tuple[int, int]]] = [[] for _ in TIERS]
-        self.d_leaves = self.leaves[DEVICE]
-        self.h_leaves = self.leaves[HOST]
-        self._d_heap = self._heaps[DEVICE]
-        self._h_heap = self._heaps[HOST]
+        self._init_leaves()
         self.lru = [[OrderedDict() for _ in TIERS] if c.uses_lru else None for c in self.comps]
         self.locks: dict[int, LockEntry] = {}
         self.transfers: dict = {}          # transfer id -> Transfer (in flight)
@@ -194,54 +189,6 @@ class CacheCore(Recording):
                     lru[nid] = node
             else:
                 lru.pop(nid, None)
-
-    # ---- evictable leaves ------------------------------------------------------------------
-    def refresh_leaf(self, node: Node) -> None:
-        """Re-file ``node`` in the device / host evictable-leaf sets after a change.
-
-        D-leaf: FULL on device, unpinned, no child with FULL on device (FULL's lock_ref bounds
-        every auxiliary lock_ref, so it alone decides). H-leaf: FULL host-only, childless, no
-        pin or host ref on any component."""
-        if node.parent is None:
-            return
-        f = node.data[0]
-        nid = node.id
-        if f.values[DEVICE] is not None:
-            self.h_leaves.discard(nid)
-            if f.refs[DEVICE] == 0 and node.device_children == 0:
-                if nid not in self.d_leaves:
-                    self.d_leaves.add(nid)
-                    heapq.heappush(self._d_heap, (node.last_access, nid))
-            else:
-                self.d_leaves.discard(nid)
-            return
-        self.d_leaves.discard(nid)
-        if (f.values[HOST] is not None and not node.children
-                and not any(any(d.refs) for d in node.data)):
-            if nid not in self.h_leaves:
-                self.h_leaves.add(nid)
-                heapq.heappush(self._h_heap, (node.last_access, nid))
-        else:
-            self.h_leaves.discard(nid)
-
-    def pop_leaf(self, tier: int) -> Node | None:
-        """The least recently used evictable leaf of a tier, or None. O(log n) amortised."""
-        heap, live = self._heaps[tier], self.leaves[tier]
-        nodes = self.tree.nodes
-        while heap:
-            t, nid = heapq.heappop(heap)
-            if nid in live:
-                node = nodes[nid]
-                if node.last_access == t:
-                    return node
-        return None
-
-    def _compact_heaps(self) -> None:
-        nodes = self.tree.nodes
-        for heap, live in zip(self._heaps, self.leaves, strict=False):
-            if len(heap) > 4 * len(live) + 1024:
-                heap[:] = [(nodes[i].last_access, i) for i in live]  # in place: aliases stay
-                heapq.heapify(heap)
 
     # ---- locks -----------------------------------------------------------------------------
     def acquire(self, anchor: Node, tier: int, pins: dict[int, list[Node]], owner) -> int:
