@@ -37,27 +37,38 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: IO, timeout_s: float = 
 
 
 @contextlib.contextmanager
-def radixscope_ui(store, log_dir) -> Iterator[str]:
-    """``radixscope ui STORE --port N`` on a free local port (headless, no usage stats),
-    waited for; yields its URL and stops the whole process group it started afterwards."""
+def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60
+               ) -> Iterator[tuple[subprocess.Popen, int]]:
+    """``radixscope ui STORE --port N`` on a free local port with exactly ``env`` (plus
+    ``PYTHONPATH``), waited for; yields the process and its port, and stops the whole process
+    group it started afterwards."""
     root = Path(__file__).resolve().parents[2]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(root), STREAMLIT_SERVER_HEADLESS="true",
-               STREAMLIT_SERVER_ADDRESS="127.0.0.1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     log = open(Path(log_dir) / "streamlit.log", "w+")  # noqa: SIM115
     # `radixscope ui STORE --port N` (engine/cli.py): streamlit run ui/app.py -- --store STORE
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port", str(port)],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=root, env=dict(env, PYTHONPATH=str(root)), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
     try:
-        wait_healthy(proc, port, log, 60)
-        yield f"http://127.0.0.1:{port}"
+        wait_healthy(proc, port, log, timeout_s)
+        yield proc, port
     finally:  # the CLI runs streamlit as its child: stop the whole session we started
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
         log.close()
+
+
+@contextlib.contextmanager
+def radixscope_ui(store, log_dir) -> Iterator[str]:
+    """``started_ui`` headless, bound to 127.0.0.1, no usage stats; yields its URL."""
+    env = dict(os.environ, STREAMLIT_SERVER_HEADLESS="true", STREAMLIT_SERVER_ADDRESS="127.0.0.1",
+               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    with started_ui(store, log_dir, env) as (_proc, port):
+        yield f"http://127.0.0.1:{port}"

@@ -9,28 +9,19 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from radixscope.ui.store_arg import ROOT_ENV_VAR, confine, outside_root_message, root_from_args
-from tests.kits.streamlit_up import wait_healthy
+from tests.kits.streamlit_up import started_ui
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "ui" / "app.py")
 LISTEN = "0A"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -97,28 +88,14 @@ def _is_loopback(addr: str) -> bool:
 def test_radixscope_ui_listens_on_loopback_only(tmp_path):
     store = tmp_path / "run.db"
     make_store(store)
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_SERVER_ADDRESS")}
-    env.update(PYTHONPATH=str(ROOT), STREAMLIT_SERVER_HEADLESS="true")
-    log = open(tmp_path / "streamlit.log", "w+")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port",
-                             str(port)], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(proc, port, log, 90)
+    env.update(STREAMLIT_SERVER_HEADLESS="true")  # no address: the CLI's own default decides
+    with started_ui(store, tmp_path, env, 90) as (proc, port):
         socks = listening_sockets(proc.pid)
         assert (port in {p for _, p in socks}), socks
         assert all(_is_loopback(a) for a, _ in socks), f"listening beyond loopback: {socks}"
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
-    finally:  # the CLI runs streamlit as its child: stop the whole session we started
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
 
 
 # ---- the root restriction, pure -----------------------------------------------------------
