@@ -21,7 +21,7 @@ from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.errors import StaleHandle
 from radixscope.cache.results import LoadBackResult, PoolCopy, Transfer, TransferId
 from radixscope.cache.state import CacheCore
-from radixscope.cache.tiers import DEVICE, HOST
+from radixscope.cache.tiers import DEVICE, HOST, TIER_LABELS
 from radixscope.cache.tree import Node
 
 
@@ -108,18 +108,8 @@ class Transfers(CacheCore):
                 self.release(self.locks[r1])
                 return None
             host[ci] = got
-        copies = []
-        for ci, dst in host.items():
-            size = self.comps[ci].size
-            srcs, off = [], 0
-            for n in host_pins[ci]:
-                v = n.data[ci].values[DEVICE]
-                k = size(v)
-                self.set_value(n, ci, HOST, dst[off:off + k].clone())
-                srcs.append(v)
-                off += k
-            copies.append(PoolCopy(self.comps[ci].name, ev.TIER_DEVICE, ev.TIER_HOST,
-                                   torch.cat(srcs), dst.clone()))
+        copies = [self._place_copy(ci, host_pins[ci], DEVICE, HOST, dst)
+                  for ci, dst in host.items()]
         t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
                      self._cur_op, (r1, r2), time.time_ns())
         self._register_transfer(t)
@@ -195,18 +185,8 @@ class Transfers(CacheCore):
         cow_slot = slots.pop(-1, None)
         copies = []
         for ci, ns in plans.items():
-            if ci not in slots:
-                continue
-            size = self.comps[ci].size
-            dst, srcs, off = slots[ci], [], 0
-            for n in reversed(ns):  # root-first
-                hv = n.data[ci].values[HOST]
-                k = size(hv)
-                self.set_value(n, ci, DEVICE, dst[off:off + k].clone())
-                srcs.append(hv)
-                off += k
-            copies.append(PoolCopy(self.comps[ci].name, ev.TIER_HOST, ev.TIER_DEVICE,
-                                   torch.cat(srcs), dst.clone()))
+            if ci in slots:
+                copies.append(self._place_copy(ci, ns[::-1], HOST, DEVICE, slots[ci]))
         if cow_slot is not None:
             state = anchor.data[mi]
             if mi not in slots:  # copying the device state: an earlier load-back may still write it
@@ -223,6 +203,22 @@ class Transfers(CacheCore):
         if cow_slot is not None:
             self.cow_pending[int(cow_slot[0])] = tid
         return self._load_result(anchor, amounts, tid, cow_slot)
+
+    def _place_copy(self, ci: int, nodes: list[Node], src: int, dst: int,
+                    slots: torch.Tensor) -> PoolCopy:
+        """Give ``nodes`` (root-first) consecutive runs of ``slots`` as their ``dst``-tier
+        values of component ``ci`` (clones: the transfer shares no tensor with the tree), and
+        return the copy of their ``src``-tier values into them."""
+        size = self.comps[ci].size
+        srcs, off = [], 0
+        for n in nodes:
+            v = n.data[ci].values[src]
+            k = size(v)
+            self.set_value(n, ci, dst, slots[off:off + k].clone())
+            srcs.append(v)
+            off += k
+        return PoolCopy(self.comps[ci].name, TIER_LABELS[src], TIER_LABELS[dst], torch.cat(srcs),
+                        slots.clone())
 
     def _validate_anchor(self, anchor: Node, path: list[Node]) -> None:
         """The anchor must be accepted on device or host by every component (seed bug class 1)."""
