@@ -8,10 +8,10 @@ is done once, by its guard, and the insert resumes where the guard stopped.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from radixscope.cache.components import STATE, WINDOW
-from radixscope.cache.pools import _np
 from radixscope.cache.tiers import DEVICE
 
 
@@ -81,8 +81,8 @@ class Guards:
             node, off = child, have
         return node, off, have
 
-    def _check_insert_slots(self, tokens, extra_key, idx: torch.Tensor,
-                           swa: torch.Tensor | None, mamba_slot: torch.Tensor | None, prev: int,
+    def _check_insert_slots(self, tokens, extra_key, idx: np.ndarray,
+                           swa: np.ndarray | None, mamba_slot: torch.Tensor | None, prev: int,
                            swa_ev: int) -> tuple:
         """The caller's slots for ``insert``: below ``prev`` the tree's own (the tree must hold that
         much of the key on device, in those slots' pages); from ``prev`` on allocated, held by the
@@ -95,7 +95,6 @@ class Guards:
         path is walked once, here."""
         n = len(tokens)
         node, off = self.tree.root, 0
-        idx = _np(idx)  # one conversion; the checks below take numpy slices of it
         if prev:
             node, off, have = self._device_prefix(tokens, extra_key, prev)
             if prev > have:

@@ -11,10 +11,16 @@ import torch
 from radixscope.cache import events as ev
 from radixscope.cache.components import STATE, WINDOW
 from radixscope.cache.keys import check_namespace, key_len, normalize_key
+from radixscope.cache.pools import _np
 from radixscope.cache.results import InsertResult, TransferId
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
+
+
+def _owned(part) -> torch.Tensor:
+    """A node's own copy of a slice of the caller's slots (a numpy slice)."""
+    return torch.from_numpy(part.copy())
 
 
 class Insertion(CacheCore):
@@ -62,6 +68,10 @@ class Insertion(CacheCore):
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
                              f"(page_size={self.page_size})")
+        # numpy views of the caller's slots: the guard and the walk slice them (a numpy slice
+        # costs a fifth of a tensor's); a node keeps a copy of its part (``_owned``)
+        idx = _np(idx)
+        swa = None if swa is None else _np(swa)
         start = self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
                                          prev_prefix_len, swa_evicted_len)
         n = len(tokens)
@@ -131,10 +141,10 @@ class Insertion(CacheCore):
     def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
         leaf = self.new_leaf(parent, key, extra_key)
         end = off + len(key)
-        self.set_value(leaf, 0, DEVICE, idx[off:end].clone())
+        self.set_value(leaf, 0, DEVICE, _owned(idx[off:end]))
         self.request_held[0][DEVICE] -= len(key)
         if swa is not None:
-            self.set_value(leaf, si, DEVICE, swa[off:end].clone())
+            self.set_value(leaf, si, DEVICE, _owned(swa[off:end]))
             self.request_held[si][DEVICE] -= len(key)
         return leaf
 
@@ -144,7 +154,7 @@ class Insertion(CacheCore):
         f = node.data[0]
         if f.values[DEVICE] is None:
             if off >= prev:  # un-evict: adopt the caller's fresh slots
-                self.set_value(node, 0, DEVICE, idx[off:end].clone())
+                self.set_value(node, 0, DEVICE, _owned(idx[off:end]))
                 self.request_held[0][DEVICE] -= k
         else:
             lo = max(off, prev)
@@ -158,7 +168,7 @@ class Insertion(CacheCore):
         if lo >= end:
             return
         if s.values[DEVICE] is None and lo == off and off >= heal_from and node.data[0].values[DEVICE] is not None:
-            self.set_value(node, si, DEVICE, swa[off:end].clone())  # heal the tombstone
+            self.set_value(node, si, DEVICE, _owned(swa[off:end]))  # heal the tombstone
         else:
             self.free_slots(si, DEVICE, swa[lo:end])
         self.request_held[si][DEVICE] -= end - lo

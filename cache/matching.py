@@ -60,7 +60,7 @@ class Matching(CacheCore):
         any_v = [c.validator(True) for c in aux]
         path: list[Node] = []
         last_dev = best = -1
-        full_len = 0
+        full_len = dev_len = 0
         node, off, n = root, 0, len(tokens)
         descend = tree.descend
         while off < n:
@@ -81,6 +81,7 @@ class Matching(CacheCore):
                 a_ok = all([v(child) for v in any_v]) and a_ok
             if d_ok:
                 last_dev = len(path) - 1
+                dev_len = off
             if a_ok:
                 best = len(path) - 1
             if not f_any:
@@ -89,13 +90,15 @@ class Matching(CacheCore):
             node = child
         matched = full_len
         dev_nodes = path[:last_dev + 1]
-        dev_len = sum(len(x.key) for x in dev_nodes)
         idx = torch.cat([x.data[0].values[DEVICE] for x in dev_nodes]) if dev_nodes else _EMPTY
         if self.loading:
             self._make_ready_nodes(dev_nodes)  # readable on return, CoW source included
         best_node = path[best] if best >= 0 else tree.root
-        up = path[:best + 1][::-1]
-        hits = {c.name: c.host_hit_length(up) for c in self.comps}
+        if aux or last_dev != best:
+            up = path[:best + 1][::-1]
+            hits = {c.name: c.host_hit_length(up) for c in self.comps}
+        else:  # FULL alone, resident on device up to the match end: nothing to load back
+            hits = {BACKBONE: 0}
         mamba_slot = None
         if best >= 0:
             self.touch(best_node)

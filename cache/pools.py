@@ -12,8 +12,14 @@ import numpy as np
 import torch
 
 
-def _np(indices: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU index tensor (a copy for one on another device)."""
+_MAX = np.maximum.reduce  # the ufunc itself: ``ndarray.max`` adds a Python-level wrapper
+
+
+def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A numpy view of a CPU index tensor (a copy for one on another device); an ndarray
+    (slots the cache already converted) as is."""
+    if type(indices) is np.ndarray:
+        return indices
     return indices.numpy() if indices.is_cpu else indices.cpu().numpy()
 
 
@@ -112,7 +118,8 @@ class SlotAllocator:
                 raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
                                  f"{a[:min(n, 16)].tolist()}...")
             pages = pages // p
-        if pages.size and (pages.max() >= self.num_pages or pages.min() < 0):
+        # one reduce over the ids as unsigned: a negative id reads as one past any page
+        if pages.size and _MAX(pages.view(np.uint64)) >= self.num_pages:
             lo, hi = int(pages.min()), int(pages.max())
             raise ValueError(f"{name or self.name}: slot index out of range [0, "
                              f"{self.capacity}): {lo * p}..{hi * p + p - 1}")
