@@ -2,10 +2,14 @@
 of (access tick, id) over them, so eviction pops the least recently used leaf without a scan.
 
 A mixin of ``CacheCore``: its primitives (``set_value``, ``acquire``, ``release``, ``split``,
-``delete``, ``touch``) call ``refresh_leaf`` after every change that can make or unmake a leaf;
-eviction calls ``pop_leaf``. Heap entries go stale when a node is touched (a newer entry is
-pushed) or leaves the set; ``pop_leaf`` skips them, and ``_compact_heaps`` rebuilds a heap in
-place once stale entries outnumber live ones four to one.
+``delete``) call ``refresh_leaf`` after every change that can make or unmake a leaf; eviction
+calls ``pop_leaf``. A node has at most one entry per heap (``Node.in_heap``, a bit per tier),
+pushed when it enters the set without one. Recency never pushes: ``touch`` only raises a node's
+``last_access``, so an entry's tick is at most its node's. ``pop_leaf`` re-files an entry
+whose node was touched since (at its current tick) and drops one whose node left the set or
+the tree; the entry it returns is exact LRU, since every other leaf's entry is at or below its
+true tick. The heap stays about as large as the sets (no per-touch growth); ``_compact_heaps``
+rebuilds one only if entries of deleted nodes pile up.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import heapq
 from typing import TYPE_CHECKING
 
 from radixscope.cache.tiers import DEVICE, HOST, TIERS
+
+_D_BIT, _H_BIT = 1 << DEVICE, 1 << HOST  # ``Node.in_heap``: the heaps holding an entry for it
 
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node, RadixTree
@@ -47,7 +53,9 @@ class LeafSets:
             if f.refs[DEVICE] == 0 and node.device_children == 0:
                 if nid not in self.d_leaves:
                     self.d_leaves.add(nid)
-                    heapq.heappush(self._d_heap, (node.last_access, nid))
+                    if not node.in_heap & _D_BIT:
+                        node.in_heap |= _D_BIT
+                        self._file(self._d_heap, self.d_leaves, node)
             else:
                 self.d_leaves.discard(nid)
             return
@@ -56,27 +64,51 @@ class LeafSets:
                 and not any(any(d.refs) for d in node.data)):
             if nid not in self.h_leaves:
                 self.h_leaves.add(nid)
-                heapq.heappush(self._h_heap, (node.last_access, nid))
+                if not node.in_heap & _H_BIT:
+                    node.in_heap |= _H_BIT
+                    self._file(self._h_heap, self.h_leaves, node)
         else:
             self.h_leaves.discard(nid)
 
+    def _file(self, heap: list, live: set, node: Node) -> None:
+        heapq.heappush(heap, (node.last_access, node.id))
+        if len(heap) > 4 * len(live) + 1024:
+            self._compact_heaps()
+
     def pop_leaf(self, tier: int) -> Node | None:
-        """The least recently used evictable leaf of a tier, or None. O(log n) amortised."""
+        """The least recently used evictable leaf of a tier, or None. O(log n) amortised: an
+        entry is re-filed at most once per touch of its node."""
         heap, live = self._heaps[tier], self.leaves[tier]
+        bit = 1 << tier
         nodes = self.tree.nodes
         while heap:
             t, nid = heapq.heappop(heap)
-            if nid in live:
-                node = nodes[nid]
-                if node.last_access == t:
-                    return node
+            node = nodes.get(nid)
+            if node is None:
+                continue  # deleted (ids are never reused)
+            if nid not in live:
+                node.in_heap &= ~bit  # it is filed again when it re-enters the set
+                continue
+            if node.last_access != t:
+                heapq.heappush(heap, (node.last_access, nid))  # touched since: its tick now
+                continue
+            node.in_heap &= ~bit
+            return node
         return None
 
     def _compact_heaps(self) -> None:
+        """Rebuild a heap from its set (entries of deleted nodes dropped; one per node)."""
         nodes = self.tree.nodes
-        for heap, live in zip(self._heaps, self.leaves, strict=False):
+        for tier, (heap, live) in enumerate(zip(self._heaps, self.leaves, strict=False)):
             if len(heap) > 4 * len(live) + 1024:
+                bit = 1 << tier
+                for _t, nid in heap:
+                    node = nodes.get(nid)
+                    if node is not None:
+                        node.in_heap &= ~bit
                 heap[:] = [(nodes[i].last_access, i) for i in live]  # in place: aliases stay
+                for i in live:
+                    nodes[i].in_heap |= bit
                 heapq.heapify(heap)
 
 

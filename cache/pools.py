@@ -190,11 +190,13 @@ class SlotAllocator:
             raise ValueError(f"{name}: slots {self._bad(pages, tree == 0)} are not held by the "
                              "tree")
 
-    def free_owned(self, indices: torch.Tensor) -> int:
+    def free_owned(self, indices: torch.Tensor, tree: bool = False) -> int:
         """Return whole pages the cache itself holds: a node's value, or a request's slots its
         operation already checked (``check_request_held``). Only the used bitmap is checked
         (a double free still raises, before any change); their range and distinctness were
-        settled when they entered the cache. Returns the number of slots freed."""
+        settled when they entered the cache. ``tree``: the pages were a node's value and their
+        tree marks go in the same pass (``mark_tree(indices, False)`` first, fused). Returns
+        the number of slots freed."""
         p = self.page_size
         a = _np(indices)
         pages = a if p == 1 else a[::p] // p
@@ -202,6 +204,8 @@ class SlotAllocator:
         if np.count_nonzero(used[pages]) != pages.size:
             raise ValueError(f"{self.name}: double free of slot(s) "
                              f"{self._bad(pages, used[pages] == 0)}")
+        if tree:
+            self._tree[pages] = 0
         return self._push(pages)
 
     def free(self, indices: torch.Tensor, checked_pages: np.ndarray | None = None) -> int:

@@ -9,7 +9,6 @@ a state change cannot happen without being recorded. Public operations live in `
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections import OrderedDict
 
@@ -307,16 +306,34 @@ class CacheCore(LeafSets, Recording):
     def delete(self, node: Node) -> tuple[dict[int, int], ...]:
         """Free every value of a childless, unpinned node and remove it (a STORAGE value is
         dropped without freeing anything: the pages stay in L3). Returns the slots freed per
-        component index, one dict per tier."""
+        component index, one dict per tier.
+
+        Each value goes as ``set_value(node, ci, tier, None)`` and ``free_slots`` would take
+        it (the same ledgers, marks and records, in the same order), fused: the node is leaving
+        the tree, so its own leaf and recency filing is dropped once at the end, and a device
+        value's tree marks are cleared by the free itself."""
         freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
-        for ci in range(len(self.comps)):
-            d = node.data[ci]
+        on = self._on
+        pools = self.pools
+        for ci, d in enumerate(node.data):
+            vals = d.values
             for tier in TIERS:
-                v = d.values[tier]
-                if v is not None:
-                    self.set_value(node, ci, tier, None)
-                    if self.pools[ci][tier] is not None:
-                        freed[tier][ci] = self.free_slots(ci, tier, v)
+                v = vals[tier]
+                if v is None:
+                    continue
+                size = self._sizes[ci] if tier != STORAGE else _stored_numel
+                (self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci])[tier] -= size(v)
+                vals[tier] = None
+                if ci == 0 and tier == DEVICE:
+                    node.parent.device_children -= 1
+                if on:
+                    self._emit_state(node, ci)
+                pool = pools[ci][tier]
+                if pool is not None:
+                    alloc = pool.alloc
+                    freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)
+                    if on:
+                        self._emit_pool(ci, tier, alloc.available)
             if self.lru[ci] is not None:
                 for lru in self.lru[ci]:
                     lru.pop(node.id, None)
@@ -324,7 +341,7 @@ class CacheCore(LeafSets, Recording):
             live.discard(node.id)
         parent = node.parent
         self.tree.detach(node)
-        if self._on:
+        if on:
             self._m(ev.NODE_DELETE, node.id, None, None, None)
         self.refresh_leaf(parent)
         return freed
@@ -339,15 +356,10 @@ class CacheCore(LeafSets, Recording):
         t = self._tick
         path = []
         cur = node
-        while cur.parent is not None:
+        while cur.parent is not None:  # leaf heaps re-file lazily (``pop_leaf``)
             path.append(cur)
             cur.last_access = t
             cur.hit_count += 1
-            nid = cur.id
-            if nid in self.d_leaves:
-                heapq.heappush(self._d_heap, (t, nid))
-            elif nid in self.h_leaves:
-                heapq.heappush(self._h_heap, (t, nid))
             cur = cur.parent
         for comp in self.comps:
             if not comp.uses_lru:
@@ -360,9 +372,6 @@ class CacheCore(LeafSets, Recording):
                         break
         if self._on:
             self._m(ev.NODE_TOUCH, node.id, None, None, t)
-        if len(self._d_heap) > 4 * len(self.d_leaves) + 1024 or \
-                len(self._h_heap) > 4 * len(self.h_leaves) + 1024:
-            self._compact_heaps()
 
     def node(self, node_id: int) -> Node:
         if isinstance(node_id, bool) or not isinstance(node_id, int):

@@ -1,0 +1,100 @@
+"""The evictable-leaf heaps: exact LRU victims and a heap that does not grow with touches.
+
+Recency never pushes heap entries (``touch`` only raises ``last_access``); ``pop_leaf`` re-files
+a touched entry when it surfaces. These tests drive requests with many touches of the same
+leaves and check every victim against a scan of the leaf set, and the heap's size against the
+set's.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from radixscope.cache import HiRadixCache
+from radixscope.cache.tiers import DEVICE, HOST
+from tests.kits.cachekit import make_config
+
+
+def _lru_by_scan(c: HiRadixCache, tier: int):
+    live = c.leaves[tier]
+    return min(((c.tree.nodes[i].last_access, i) for i in live), default=None)
+
+
+def _request(c: HiRadixCache, tokens: list[int], rid: str) -> None:
+    m = c.match_prefix(tokens, req_id=rid)
+    r = c.lock(m.last_device_node, owner=rid)
+    n = len(tokens) - m.device_prefix_len
+    if n > c.available():
+        c.evict(n - c.available())
+    idx = c.alloc(n)
+    if idx is None:  # everything left is pinned by this request
+        c.unlock(r)
+        return
+    c.insert(tokens, torch.cat([m.device_indices, idx]), prev_prefix_len=m.device_prefix_len)
+    c.unlock(r)
+
+
+def test_every_victim_is_the_lru_leaf_and_the_heap_stays_small() -> None:
+    rng = random.Random(1234)
+    c = HiRadixCache(make_config(device_tokens=512, host_tokens=0, write_policy="write_back"))
+    prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 24))] for _ in range(40)]
+    victims = 0
+    for step in range(3000):
+        p = rng.choice(prompts)
+        if rng.random() < 0.7:  # touch a cached prefix again (recency only)
+            c.match_prefix(p[:rng.randrange(1, len(p) + 1)])
+            continue
+        if rng.random() < 0.3:
+            want = _lru_by_scan(c, DEVICE)
+            out = c.evict(1)
+            if want is not None:
+                assert out.evicted_nodes and out.evicted_nodes[0] == want[1], (step, want, out)
+                victims += 1
+            continue
+        _request(c, p + [rng.randrange(50, 99) for _ in range(rng.randrange(1, 6))], f"r{step}")
+        heap, live = c._heaps[DEVICE], c.leaves[DEVICE]
+        # one entry per node at most: the heap is bounded by the nodes, not by the touches
+        assert len(heap) <= len(c.tree.nodes), (len(heap), len(c.tree.nodes))
+        assert all(c.tree.nodes[i].in_heap & (1 << DEVICE) for i in live)
+    c.check()
+    assert victims > 200
+
+
+def test_host_heap_victims_are_lru_after_touches() -> None:
+    rng = random.Random(99)
+    c = HiRadixCache(make_config(device_tokens=64, host_tokens=256))
+    keys = [[k, *(rng.randrange(1, 9) for _ in range(7))] for k in range(1, 40)]
+    for i, k in enumerate(keys):
+        _request(c, k, f"a{i}")
+        c.poll(wait=True)
+    for _ in range(200):  # host-only leaves touched through matches (no load-back)
+        c.match_prefix(rng.choice(keys))
+    checked = 0
+    while c.leaves[HOST]:
+        want = _lru_by_scan(c, HOST)
+        out = c.evict_host(1)
+        assert out.evicted_nodes[0] == want[1]
+        checked += 1
+    assert checked > 5
+    c.check()
+
+
+def test_touches_do_not_grow_the_heap() -> None:
+    """Matches only raise recency: 2000 of them over the cached leaves add no heap entry (the
+    old scheme pushed one per touched leaf and rebuilt the heap in ``touch`` every few thousand
+    touches: an O(leaves) pause inside a match)."""
+    rng = random.Random(7)
+    c = HiRadixCache(make_config(device_tokens=4096, host_tokens=0))
+    keys = [[k, *(rng.randrange(1, 9) for _ in range(15))] for k in range(1, 120)]
+    for i, k in enumerate(keys):
+        _request(c, k, f"a{i}")
+    before = len(c._heaps[DEVICE])
+    assert before >= len(c.leaves[DEVICE]) >= 100
+    for _ in range(2000):
+        c.match_prefix(rng.choice(keys))
+    assert len(c._heaps[DEVICE]) == before
+    want = _lru_by_scan(c, DEVICE)
+    assert c.evict(1).evicted_nodes[0] == want[1]
+    c.check()
