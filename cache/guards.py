@@ -101,10 +101,9 @@ class Guards:
                 have = self._device_prefix_len(tokens, extra_key)
                 raise ValueError(f"prev_prefix_len={prev} but the tree holds only {have} tokens of "
                                  "this key on device")
-            self.device_pools[0].alloc.check_tree_owned(idx[:prev], "device_indices below "
-                                                         "prev_prefix_len")
-        if n > prev:
-            self.device_pools[0].alloc.check_request_held(idx[prev:n], "device_indices")
+        # below prev: the tree's own slots; from prev on: held by the request, each once
+        self.device_pools[0].alloc.check_split(idx[:n], prev, "device_indices below "
+                                               "prev_prefix_len", "device_indices")
         if swa is not None:
             lo = min(max(swa_ev, prev), n)
             if n > lo:

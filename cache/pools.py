@@ -26,8 +26,7 @@ def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
 def _distinct(pages: np.ndarray) -> bool:
     if pages.size < 2:
         return True
-    s = pages.copy()
-    s.sort()
+    s = np.sort(pages)
     return not np.count_nonzero(s[1:] == s[:-1])
 
 
@@ -189,6 +188,29 @@ class SlotAllocator:
         if np.count_nonzero(tree) != pages.size:
             raise ValueError(f"{name}: slots {self._bad(pages, tree == 0)} are not held by the "
                              "tree")
+
+    def check_split(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
+        """``check_tree_owned(indices[:split], below)`` and ``check_request_held(indices[split:],
+        above)`` in one pass (insert's guard: the tree's slots below ``prev_prefix_len``, the
+        request's from there on): one range check and one gather of the tree marks for both.
+        Raises what those raise, before any change."""
+        if self.page_size != 1 or not indices.size:
+            self._check_split_slow(indices, split, below, above)
+            return
+        if _MAX(indices.view(np.uint64)) >= self.num_pages:
+            self._check_split_slow(indices, split, below, above)  # raises: out of range
+            return
+        tree = self._tree[indices]
+        hi = indices[split:]
+        if (np.count_nonzero(tree[:split]) != split or np.count_nonzero(tree[split:])
+                or np.count_nonzero(self._used[hi]) != hi.size or not _distinct(hi)):
+            self._check_split_slow(indices, split, below, above)
+
+    def _check_split_slow(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
+        if split:
+            self.check_tree_owned(indices[:split], below)
+        if indices.size > split:
+            self.check_request_held(indices[split:], above)
 
     def free_owned(self, indices: torch.Tensor, tree: bool = False) -> int:
         """Return whole pages the cache itself holds: a node's value, or a request's slots its
