@@ -194,15 +194,21 @@ class CacheCore(LeafSets, Recording):
         """Pin nodes (lock_ref on device, host_ref on host) and register the lock."""
         rid = self._next_receipt
         self._next_receipt += 1
-        first: dict[int, Node] = {}  # nodes that went from unpinned to pinned on this tier
-        for ci, nodes in pins.items():
+        first: list[Node] = []  # nodes that went from unpinned to pinned on this tier
+        held: dict[int, list[int]] = {}  # the entry's pinned ids per component, in order
+        for ci in sorted(pins):
+            nodes = pins[ci]
+            if not nodes:
+                continue
             size = self._sizes[ci]
             moved = 0  # slots going from evictable to protected
+            ids = held[ci] = []
             for node in nodes:
+                ids.append(node.id)
                 d = node.data[ci]
                 refs = d.refs
                 if not refs[tier]:
-                    first[node.id] = node
+                    first.append(node)
                     v = d.values[tier]
                     if v is not None:
                         moved += size(v)
@@ -210,10 +216,9 @@ class CacheCore(LeafSets, Recording):
             if moved:
                 self.evictable[ci][tier] -= moved
                 self.protected[ci][tier] += moved
-        entry = LockEntry(rid, owner, anchor.id, tier,
-                          {ci: [n.id for n in pins[ci]] for ci in sorted(pins) if pins[ci]})
+        entry = LockEntry(rid, owner, anchor.id, tier, held)
         self.locks[rid] = entry
-        for node in first.values():
+        for node in first:  # (a node pinned by two components is refreshed twice: idempotent)
             # a node with FULL on device under a device child is never a leaf: skip the call
             if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
@@ -232,20 +237,20 @@ class CacheCore(LeafSets, Recording):
         keeps the lock live), otherwise all of them, retiring the lock."""
         nodes = self.tree.nodes
         out = self._pins_out(entry, cis) if self._on else None
-        touched = {}
+        touched: list[Node] = []  # nodes left unpinned on this tier (refreshed: idempotent)
         tier = entry.tier
-        for ci in sorted(entry.pins):
+        for ci, ids in entry.pins.items():  # in component order (``acquire``)
             if cis is not None and ci not in cis:
                 continue
             size = self._sizes[ci]
             moved = 0  # slots going from protected to evictable
-            for nid in entry.pins[ci]:
+            for nid in ids:
                 node = nodes[nid]
                 d = node.data[ci]
                 refs = d.refs
                 refs[tier] -= 1
                 if not refs[tier]:
-                    touched[nid] = node
+                    touched.append(node)
                     v = d.values[tier]
                     if v is not None:
                         moved += size(v)
@@ -258,7 +263,7 @@ class CacheCore(LeafSets, Recording):
         final = cis is None
         if final:
             del self.locks[entry.receipt_id]
-        for node in touched.values():
+        for node in touched:
             if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
