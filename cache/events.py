@@ -39,7 +39,7 @@ import collections
 import threading
 from typing import Any, NamedTuple
 
-from radixscope.cache.tiers import DEVICE, HOST, STORAGE
+from radixscope.cache.tiers import Tier
 
 # ---- op names (public operations) ------------------------------------------------------------
 OP_MATCH = "match"
@@ -75,9 +75,9 @@ MUTATION_KINDS = (NODE_CREATE, NODE_SPLIT, NODE_DELETE, NODE_TOUCH, COMP_STATE, 
                   LOCK_RELEASE, POOL_AVAILABLE, TRANSFER_START, TRANSFER_DONE)
 
 # tiers are named in records by their label (see tiers.py, the one module that lists them)
-TIER_DEVICE = DEVICE.label
-TIER_HOST = HOST.label
-TIER_STORAGE = STORAGE.label
+TIER_DEVICE = Tier.DEVICE.label
+TIER_HOST = Tier.HOST.label
+TIER_STORAGE = Tier.STORAGE.label
 
 # ---- attribute keys used in op records (telemetry maps them onto span attributes) -----------
 A_DEVICE_TOKENS = "device_tokens"

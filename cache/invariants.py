@@ -103,7 +103,7 @@ class Invariants:
                 ci = comp.index
                 d = node.data[ci]
                 for tier, val in zip(TIERS, d.values, strict=False):
-                    if val is None or (tier is STORAGE and self.storage is not None):
+                    if val is None or (tier == STORAGE and self.storage is not None):
                         continue  # STORAGE values: _check_storage
                     if self.pools[ci][tier] is None:
                         v.append((f"{comp.name}.{tier.label}.no_pool", nid,

@@ -45,10 +45,12 @@ _REF_NAMES = {t: ("lock" if t == 0 else t.name.lower()) + "_ref" for t in TIERS}
 TIER_LABELS: tuple[str, ...] = tuple(_LABELS[t] for t in TIERS)
 _BY_LABEL = {lbl: t for t, lbl in _LABELS.items()}
 
-# module-level names for the hot paths (a global load, not an enum attribute lookup)
-DEVICE = Tier.DEVICE
-HOST = Tier.HOST
-STORAGE = Tier.STORAGE
+# module-level names for the hot paths: plain ints (a global load, not an enum attribute
+# lookup; and a list indexed by an exact int skips the subclass path: 13 vs 21 ns a lookup).
+# Iterate ``TIERS`` for the members (``label``, ``ref_name``); compare with ``==``.
+DEVICE = int(Tier.DEVICE)
+HOST = int(Tier.HOST)
+STORAGE = int(Tier.STORAGE)
 
 
 def per_tier(value: object = 0) -> list:

@@ -20,10 +20,10 @@ from radixscope.cache.snapshot import (
     PoolSnapshot,
     TransferSnapshot,
 )
-from radixscope.cache.tiers import DEVICE, HOST
+from radixscope.cache.tiers import DEVICE, HOST, Tier
 
 _EMPTY = EMPTY_STATE
-_POOL_TIERS = (DEVICE.label, HOST.label)  # the tiers a synthetic tree fills
+_POOL_TIERS = (Tier.DEVICE.label, Tier.HOST.label)  # the tiers a synthetic tree fills
 
 
 def synthetic_snapshot(n_nodes: int, components: tuple[str, ...] = (BACKBONE, WINDOW, STATE),
