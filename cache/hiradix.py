@@ -301,10 +301,11 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         return self.evictable[self._ci_of(component)][self._tier_of(tier)]
 
     def _tier_of(self, tier: str) -> Tier:
-        labels = tuple(t.label for t in self.pool_tiers)
-        if tier not in labels:
+        t = self._pool_tier_of.get(tier) if type(tier) is str else None
+        if t is None:
+            labels = tuple(t.label for t in self.pool_tiers)
             raise ValueError(f"tier={tier!r}: must be one of {labels}")
-        return Tier.of(tier)
+        return t
 
 
 def _check_amount(name: str, v) -> None:

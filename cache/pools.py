@@ -13,6 +13,13 @@ import torch
 
 
 _MAX = np.maximum.reduce  # the ufunc itself: ``ndarray.max`` adds a Python-level wrapper
+try:  # the C function itself: ``np.count_nonzero`` adds two Python-level calls (its dispatcher)
+    from numpy._core.multiarray import count_nonzero as _count
+except ImportError:  # numpy 1.x
+    try:
+        from numpy.core.multiarray import count_nonzero as _count
+    except ImportError:
+        _count = np.count_nonzero
 
 
 def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -27,7 +34,7 @@ def _distinct(pages: np.ndarray) -> bool:
     if pages.size < 2:
         return True
     s = np.sort(pages)
-    return not np.count_nonzero(s[1:] == s[:-1])
+    return not _count(s[1:] == s[:-1])
 
 
 class SlotAllocator:
@@ -81,7 +88,7 @@ class SlotAllocator:
             return torch.empty(0, dtype=torch.int64)
         picked = self._stack[top - k:top][::-1].astype(np.int64)  # a copy
         used = self._used
-        if np.count_nonzero(used[picked]):
+        if _count(used[picked]):
             bad = [int(q) for q in picked if used[q]]
             raise RuntimeError(f"{self.name}: double alloc of page {bad[0]} (allocator corrupted)")
         used[picked] = 1
@@ -113,7 +120,7 @@ class SlotAllocator:
             rows = a.reshape(-1, p)
             pages = rows[:, 0]
             if n and (not np.array_equal(rows - pages[:, None], np.broadcast_to(
-                    self._offsets, rows.shape)) or np.count_nonzero(pages % p)):
+                    self._offsets, rows.shape)) or _count(pages % p)):
                 raise ValueError(f"{self.name}: indices are not page-aligned whole pages: "
                                  f"{a[:min(n, 16)].tolist()}...")
             pages = pages // p
@@ -132,7 +139,7 @@ class SlotAllocator:
         """Validate a free without doing it (no state change). Returns the page ids."""
         pages = self.pages_of(indices)
         used = self._used[pages]
-        if np.count_nonzero(used) != pages.size:
+        if _count(used) != pages.size:
             raise ValueError(f"{self.name}: double free of slot(s) {self._bad(pages, used == 0)}")
         if not _distinct(pages):
             raise ValueError(f"{self.name}: double free: pages repeated in one free call")
@@ -142,7 +149,7 @@ class SlotAllocator:
         """Raise ValueError unless every index is an allocated slot."""
         pages = self.pages_of(indices, name)
         used = self._used[pages]
-        if np.count_nonzero(used) != pages.size:
+        if _count(used) != pages.size:
             raise ValueError(f"{name}: slots {self._bad(pages, used == 0)} are not allocated "
                              "(freed or never allocated)")
 
@@ -158,7 +165,7 @@ class SlotAllocator:
     def any_tree_owned(self, pages: np.ndarray) -> list[int]:
         """Slots (the first of each page, at most 8) of ``pages`` a tree node owns."""
         owned = self._tree[pages]
-        return self._bad(pages, owned != 0) if np.count_nonzero(owned) else []
+        return self._bad(pages, owned != 0) if _count(owned) else []
 
     def tree_pages(self) -> set[int]:
         """Every page a tree node owns (for the invariant check)."""
@@ -169,11 +176,11 @@ class SlotAllocator:
         held by a request (no tree node owns it) and named once."""
         pages = self.pages_of(indices, name)
         used = self._used[pages]
-        if np.count_nonzero(used) != pages.size:
+        if _count(used) != pages.size:
             raise ValueError(f"{name}: slots {self._bad(pages, used == 0)} are not allocated "
                              "(freed or never allocated)")
         tree = self._tree[pages]
-        if np.count_nonzero(tree):
+        if _count(tree):
             raise ValueError(f"{name}: slots {self._bad(pages, tree != 0)} are owned by the "
                              "tree, not held by the request")
         if not _distinct(pages):
@@ -185,7 +192,7 @@ class SlotAllocator:
         """Raise ValueError unless every slot of ``indices`` is owned by a tree node."""
         pages = self.pages_of(indices, name)
         tree = self._tree[pages]
-        if np.count_nonzero(tree) != pages.size:
+        if _count(tree) != pages.size:
             raise ValueError(f"{name}: slots {self._bad(pages, tree == 0)} are not held by the "
                              "tree")
 
@@ -202,8 +209,8 @@ class SlotAllocator:
             return
         tree = self._tree[indices]
         hi = indices[split:]
-        if (np.count_nonzero(tree[:split]) != split or np.count_nonzero(tree[split:])
-                or np.count_nonzero(self._used[hi]) != hi.size or not _distinct(hi)):
+        if (_count(tree[:split]) != split or _count(tree[split:])
+                or _count(self._used[hi]) != hi.size or not _distinct(hi)):
             self._check_split_slow(indices, split, below, above)
 
     def _check_split_slow(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
@@ -223,7 +230,7 @@ class SlotAllocator:
         a = _np(indices)
         pages = a if p == 1 else a[::p] // p
         used = self._used
-        if np.count_nonzero(used[pages]) != pages.size:
+        if _count(used[pages]) != pages.size:
             raise ValueError(f"{self.name}: double free of slot(s) "
                              f"{self._bad(pages, used[pages] == 0)}")
         if tree:

@@ -108,6 +108,7 @@ class CacheCore(LeafSets, Recording):
         self.host_pools = [p[HOST] for p in self.pools]
         # the tiers that have pools (in Tier order): what snapshots, info and checks walk
         self.pool_tiers = tuple(t for t in TIERS if self.pools[0][t] is not None)
+        self._pool_tier_of = {t.label: t for t in self.pool_tiers}  # ``_tier_of``'s table
 
     def pool(self, ci: int, tier: int):
         p = self.pools[ci][tier]
