@@ -27,6 +27,7 @@ class _Acc:
 
     def __init__(self, core: CacheCore) -> None:
         self.core = core
+        self.defer: dict = {}  # deleted victims' values, freed together (``free_deferred``)
         self.freed = [0] * len(core.comps)
         self.evicted: list[int] = []
         self.demoted: list[int] = []
@@ -38,6 +39,7 @@ class _Acc:
             self.freed[ci] += n
 
     def result(self, requested: int) -> EvictResult:
+        self.core.free_deferred(self.defer)
         names = [c.name for c in self.core.comps]
         return EvictResult(requested, tuple(zip(names, self.freed, strict=False)), tuple(self.evicted),
                            tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned))
@@ -70,11 +72,15 @@ class Eviction(CacheCore):
         """Free at least ``num`` device slots of component ``ci`` (fewer if nothing else is evictable)."""
         acc = _Acc(self)
         if ci == 0:
-            while acc.freed[0] < num:
-                leaf = self.pop_leaf(DEVICE)
-                if leaf is None:
-                    break
-                self._evict_leaf(leaf, acc)
+            try:
+                while acc.freed[0] < num:
+                    leaf = self.pop_leaf(DEVICE)
+                    if leaf is None:
+                        break
+                    self._evict_leaf(leaf, acc)
+            except BaseException:
+                self.free_deferred(acc.defer)  # a failing victim: the others' slots still go
+                raise
             return acc.result(num)
         lru = self.lru[ci][DEVICE]
         while acc.freed[ci] < num:
@@ -132,7 +138,7 @@ class Eviction(CacheCore):
         acc.evicted.append(node.id)
         parent = node.parent
         for n in subtree:  # children first, so every delete is of a childless node
-            acc.add(self.delete(n)[DEVICE])
+            acc.add(self.delete(n, acc.defer)[DEVICE])
             acc.deleted.append(n.id)
         self._delete_tombstone_ancestors(parent, acc, DEVICE)
         return True
@@ -143,7 +149,7 @@ class Eviction(CacheCore):
         while (node.parent is not None and not node.children and is_useless(node)
                and not any(any(d.refs) for d in node.data)):
             parent = node.parent
-            acc.add(self.delete(node)[tier])
+            acc.add(self.delete(node, acc.defer)[tier])
             acc.deleted.append(node.id)
             node = parent
 
@@ -151,11 +157,15 @@ class Eviction(CacheCore):
         """Free at least ``num`` host slots of component ``ci``."""
         acc = _Acc(self)
         if ci == 0:
-            while acc.freed[0] < num:
-                leaf = self.pop_leaf(HOST)
-                if leaf is None:
-                    break
-                self._evict_host_leaf(leaf, acc)
+            try:
+                while acc.freed[0] < num:
+                    leaf = self.pop_leaf(HOST)
+                    if leaf is None:
+                        break
+                    self._evict_host_leaf(leaf, acc)
+            except BaseException:
+                self.free_deferred(acc.defer)
+                raise
             return acc.result(num)
         lru = self.lru[ci][HOST]
         while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
@@ -173,7 +183,7 @@ class Eviction(CacheCore):
             self._write_back_leaf(node)  # L3 write-back: last chance before the pages go
         acc.evicted.append(node.id)
         parent = node.parent
-        acc.add(self.delete(node)[HOST])
+        acc.add(self.delete(node, acc.defer)[HOST])
         acc.deleted.append(node.id)
         self._delete_tombstone_ancestors(parent, acc, HOST)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from radixscope.cache import events as ev
@@ -21,7 +22,7 @@ from radixscope.cache.errors import CacheOutOfMemory, StaleHandle
 from radixscope.cache.events import Recorder
 from radixscope.cache.leaves import LeafSets
 from radixscope.cache.memory import check_fits
-from radixscope.cache.pools import KVPool, StatePool
+from radixscope.cache.pools import KVPool, StatePool, _np
 from radixscope.cache.recording import Recording
 from radixscope.cache.tiers import DEVICE, HOST, STORAGE, TIER_LABELS, TIERS, per_tier
 from radixscope.cache.tree import Node, RadixTree
@@ -309,7 +310,7 @@ class CacheCore(LeafSets, Recording):
                 self._emit_state(child, ci)
         return new
 
-    def delete(self, node: Node) -> tuple[dict[int, int], ...]:
+    def delete(self, node: Node, defer: dict | None = None) -> tuple[dict[int, int], ...]:
         """Free every value of a childless, unpinned node and remove it (a STORAGE value is
         dropped without freeing anything: the pages stay in L3). Returns the slots freed per
         component index, one dict per tier.
@@ -317,7 +318,9 @@ class CacheCore(LeafSets, Recording):
         Each value goes as ``set_value(node, ci, tier, None)`` and ``free_slots`` would take
         it (the same ledgers, marks and records, in the same order), fused: the node is leaving
         the tree, so its own leaf and recency filing is dropped once at the end, and a device
-        value's tree marks are cleared by the free itself."""
+        value's tree marks are cleared by the free itself. With ``defer`` (an eviction's
+        ``(ci, tier) -> [values]``), the frees are left to ``free_deferred``: one per pool for
+        all the victims of an eviction call."""
         freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
         on = self._on
         pools = self.pools
@@ -335,11 +338,16 @@ class CacheCore(LeafSets, Recording):
                 if on:
                     self._emit_state(node, ci)
                 pool = pools[ci][tier]
-                if pool is not None:
-                    alloc = pool.alloc
-                    freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)
-                    if on:
-                        self._emit_pool(ci, tier, alloc.available)
+                if pool is None:
+                    continue
+                if defer is not None:
+                    defer.setdefault((ci, tier), []).append(v)
+                    freed[tier][ci] = size(v)
+                    continue
+                alloc = pool.alloc
+                freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)
+                if on:
+                    self._emit_pool(ci, tier, alloc.available)
             if self.lru[ci] is not None:
                 for lru in self.lru[ci]:
                     lru.pop(node.id, None)
@@ -351,6 +359,17 @@ class CacheCore(LeafSets, Recording):
             self._m(ev.NODE_DELETE, node.id, None, None, None)
         self.refresh_leaf(parent)
         return freed
+
+    def free_deferred(self, defer: dict) -> None:
+        """Free the values ``delete(..., defer)`` left: one free (and one pool record) per
+        pool; device values' tree marks go in the same pass. Empties ``defer``."""
+        for (ci, tier), vals in defer.items():
+            alloc = self.pools[ci][tier].alloc
+            pages = vals[0] if len(vals) == 1 else np.concatenate([_np(v) for v in vals])
+            alloc.free_owned(pages, tree=tier == DEVICE)
+            if self._on:
+                self._emit_pool(ci, tier, alloc.available)
+        defer.clear()
 
     def touch(self, node: Node) -> None:
         """Recency: the node and its ancestors get a new access tick and one more hit; each
