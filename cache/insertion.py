@@ -63,7 +63,7 @@ class Insertion(CacheCore):
                 raise ValueError(f"mamba_slot given but the {STATE!r} component is not configured")
             mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", None)
         for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if type(v) is not int and (isinstance(v, bool) or not isinstance(v, int)) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
         if swa_evicted_len % self.page_size:
             raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
@@ -174,6 +174,9 @@ class Insertion(CacheCore):
         self.request_held[si][DEVICE] -= end - lo
 
     def _check_indices(self, t, length: int, name: str, ci: int | None) -> torch.Tensor:
+        if (type(t) is torch.Tensor and t.dtype is torch.int64 and t.dim() == 1 and t.is_cpu
+                and t.numel() == length and ci is None):
+            return t  # the common case, in the fewest calls
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of slot indices, got "
                             f"{type(t).__name__}")
