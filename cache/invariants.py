@@ -170,6 +170,7 @@ class Invariants:
         if self.h_leaves != h_leaves:
             v.append(("full.host_leaves", None, f"missing {sorted(h_leaves - self.h_leaves)[:8]}, "
                       f"extra {sorted(self.h_leaves - h_leaves)[:8]}"))
+        v.extend(self.leaf_heap_violations(self.comps[0].name))
         self._check_transfers(v)
         if self.storage is not None:
             self._check_storage(v)

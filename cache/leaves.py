@@ -96,6 +96,33 @@ class LeafSets:
             return node
         return None
 
+    def leaf_heap_violations(self, name: str) -> list[tuple]:
+        """What ``check()`` reports about the heaps (``name``: FULL's): every leaf of a set has
+        its tier's bit and exactly one entry, at or below its tick; no node has two entries."""
+        out = []
+        nodes = self.tree.nodes
+        for tier, (heap, live) in enumerate(zip(self._heaps, self.leaves, strict=False)):
+            bit, rule = 1 << tier, f"{name}.{TIERS[tier].label}_leaf_heap"
+            entries: dict[int, list[int]] = {}
+            for t, nid in heap:
+                if nid in nodes:
+                    entries.setdefault(nid, []).append(t)
+            for nid, ticks in entries.items():
+                node = nodes[nid]
+                if len(ticks) > 1:
+                    out.append((rule, nid, f"{len(ticks)} heap entries (one per node)"))
+                if not node.in_heap & bit:
+                    out.append((rule, nid, "has a heap entry but its in_heap bit is clear"))
+            for nid in live:
+                node = nodes[nid]
+                ticks = entries.get(nid)
+                if not ticks:
+                    out.append((rule, nid, "evictable leaf with no heap entry: never evicted"))
+                elif max(ticks) > node.last_access:
+                    out.append((rule, nid, f"heap tick {max(ticks)} past its last access "
+                                           f"{node.last_access}: evicted out of LRU order"))
+        return out
+
     def _compact_heaps(self) -> None:
         """Rebuild a heap from its set (entries of deleted nodes dropped; one per node)."""
         nodes = self.tree.nodes

@@ -8,11 +8,14 @@ set's.
 
 from __future__ import annotations
 
+import heapq
 import random
 
+import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
+from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.tiers import DEVICE, HOST
 from tests.kits.cachekit import make_config
 
@@ -98,3 +101,22 @@ def test_touches_do_not_grow_the_heap() -> None:
     want = _lru_by_scan(c, DEVICE)
     assert c.evict(1).evicted_nodes[0] == want[1]
     c.check()
+
+
+def test_check_reports_a_leaf_the_heap_lost_and_a_second_entry() -> None:
+    c = HiRadixCache(make_config(device_tokens=256, host_tokens=0))
+    for i in range(6):
+        _request(c, [i + 1, *range(10, 20)], f"r{i}")
+    c.check()
+    heap = c._heaps[DEVICE]
+    leaf = next(iter(c.leaves[DEVICE]))
+    kept = [e for e in heap if e[1] != leaf]
+    heap[:] = kept
+    heapq.heapify(heap)
+    with pytest.raises(InvariantViolation, match="no heap entry"):
+        c.check()
+    heapq.heappush(heap, (c.tree.nodes[leaf].last_access, leaf))
+    c.check()
+    heapq.heappush(heap, (0, leaf))
+    with pytest.raises(InvariantViolation, match="2 heap entries"):
+        c.check()
