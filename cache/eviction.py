@@ -149,7 +149,7 @@ class Eviction(CacheCore):
         while (node.parent is not None and not node.children and is_useless(node)
                and not any(any(d.refs) for d in node.data)):
             parent = node.parent
-            acc.add(self.delete(node, acc.defer)[tier])
+            acc.add(self.delete(node, acc.defer, tier)[tier])
             acc.deleted.append(node.id)
             node = parent
 
@@ -183,7 +183,7 @@ class Eviction(CacheCore):
             self._write_back_leaf(node)  # L3 write-back: last chance before the pages go
         acc.evicted.append(node.id)
         parent = node.parent
-        acc.add(self.delete(node, acc.defer)[HOST])
+        acc.add(self.delete(node, acc.defer, HOST)[HOST])
         acc.deleted.append(node.id)
         self._delete_tombstone_ancestors(parent, acc, HOST)
 

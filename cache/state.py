@@ -310,7 +310,8 @@ class CacheCore(LeafSets, Recording):
                 self._emit_state(child, ci)
         return new
 
-    def delete(self, node: Node, defer: dict | None = None) -> tuple[dict[int, int], ...]:
+    def delete(self, node: Node, defer: dict | None = None, defer_tier: int = DEVICE
+               ) -> tuple[dict[int, int], ...]:
         """Free every value of a childless, unpinned node and remove it (a STORAGE value is
         dropped without freeing anything: the pages stay in L3). Returns the slots freed per
         component index, one dict per tier.
@@ -319,8 +320,9 @@ class CacheCore(LeafSets, Recording):
         it (the same ledgers, marks and records, in the same order), fused: the node is leaving
         the tree, so its own leaf and recency filing is dropped once at the end, and a device
         value's tree marks are cleared by the free itself. With ``defer`` (an eviction's
-        ``(ci, tier) -> [values]``), the frees are left to ``free_deferred``: one per pool for
-        all the victims of an eviction call."""
+        ``(ci, tier) -> [values]``), the frees on ``defer_tier`` (the tier being evicted) are
+        left to ``free_deferred``: one per pool for all the victims of an eviction call. Only
+        that tier's: a write-back during the same call may need the other tier's slots."""
         freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
         on = self._on
         pools = self.pools
@@ -340,7 +342,7 @@ class CacheCore(LeafSets, Recording):
                 pool = pools[ci][tier]
                 if pool is None:
                     continue
-                if defer is not None:
+                if defer is not None and tier == defer_tier:
                     defer.setdefault((ci, tier), []).append(v)
                     freed[tier][ci] = size(v)
                     continue
