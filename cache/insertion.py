@@ -18,9 +18,11 @@ from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
-def _owned(part) -> torch.Tensor:
-    """A node's own copy of a slice of the caller's slots (a numpy slice)."""
-    return torch.from_numpy(part.copy())
+def _owned(part) -> tuple[torch.Tensor, object]:
+    """A node's own copy of a slice of the caller's slots (a numpy slice), and that copy as
+    numpy (``set_value``'s ``pages``)."""
+    own = part.copy()
+    return torch.from_numpy(own), own
 
 
 class Insertion(CacheCore):
@@ -141,10 +143,10 @@ class Insertion(CacheCore):
     def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
         leaf = self.new_leaf(parent, key, extra_key)
         end = off + len(key)
-        self.set_value(leaf, 0, DEVICE, _owned(idx[off:end]))
+        self.set_value(leaf, 0, DEVICE, *_owned(idx[off:end]))
         self.request_held[0][DEVICE] -= len(key)
         if swa is not None:
-            self.set_value(leaf, si, DEVICE, _owned(swa[off:end]))
+            self.set_value(leaf, si, DEVICE, *_owned(swa[off:end]))
             self.request_held[si][DEVICE] -= len(key)
         return leaf
 
@@ -154,7 +156,7 @@ class Insertion(CacheCore):
         f = node.data[0]
         if f.values[DEVICE] is None:
             if off >= prev:  # un-evict: adopt the caller's fresh slots
-                self.set_value(node, 0, DEVICE, _owned(idx[off:end]))
+                self.set_value(node, 0, DEVICE, *_owned(idx[off:end]))
                 self.request_held[0][DEVICE] -= k
         else:
             lo = max(off, prev)
@@ -168,7 +170,7 @@ class Insertion(CacheCore):
         if lo >= end:
             return
         if s.values[DEVICE] is None and lo == off and off >= heal_from and node.data[0].values[DEVICE] is not None:
-            self.set_value(node, si, DEVICE, _owned(swa[off:end]))  # heal the tombstone
+            self.set_value(node, si, DEVICE, *_owned(swa[off:end]))  # heal the tombstone
         else:
             self.free_slots(si, DEVICE, swa[lo:end])
         self.request_held[si][DEVICE] -= end - lo

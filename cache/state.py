@@ -148,9 +148,11 @@ class CacheCore(LeafSets, Recording):
                                 self.protected[ci][tier], note)
 
     # ---- component values ----------------------------------------------------------------
-    def set_value(self, node: Node, ci: int, tier: int, value: torch.Tensor | None) -> None:
+    def set_value(self, node: Node, ci: int, tier: int, value: torch.Tensor | None,
+                  pages=None) -> None:
         """Set (or clear, with None) one component's value on one tier, keeping ledgers, leaf
-        sets and recency lists in step. Does not free slots (callers free what they drop)."""
+        sets and recency lists in step. Does not free slots (callers free what they drop).
+        ``pages``: the value as a numpy array when the caller has one (it skips a conversion)."""
         d = node.data[ci]
         comp = self.comps[ci]
         old = d.values[tier]
@@ -167,7 +169,7 @@ class CacheCore(LeafSets, Recording):
             if old is not None:
                 alloc.mark_tree(old, False)
             if value is not None:
-                alloc.mark_tree(value, True)
+                alloc.mark_tree(value if pages is None else pages, True)
             if ci == 0 and (old is None) != (value is None) and node.parent is not None:
                 node.parent.device_children += 1 if value is not None else -1
                 self.refresh_leaf(node.parent)

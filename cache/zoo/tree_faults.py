@@ -123,11 +123,11 @@ def _install_ledger(cache, inj) -> None:
     from host is added to the evictable ledger twice."""
     orig = cache.set_value
 
-    def set_value(node, ci, tier, value):
+    def set_value(node, ci, tier, value, pages=None):
         d = node.data[ci]
         revive = (ci == 0 and tier == DEVICE and value is not None and d.values[DEVICE] is None
                   and d.values[HOST] is not None and d.refs[DEVICE] == 0)
-        orig(node, ci, tier, value)
+        orig(node, ci, tier, value, pages)
         if revive:
             cache.evictable[ci][DEVICE] += cache.comps[ci].size(value)
             inj.fire(f"node {node.id}'s {cache.comps[ci].size(value)} revived FULL slots counted "
