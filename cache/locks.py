@@ -7,8 +7,9 @@ import dataclasses
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import WINDOW
+from radixscope.cache.pins import LockEntry
 from radixscope.cache.results import LockReceipt
-from radixscope.cache.state import CacheCore, LockEntry
+from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 

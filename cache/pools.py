@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
 _MAX = np.maximum.reduce  # the ufunc itself: ``ndarray.max`` adds a Python-level wrapper
 try:  # the C function itself: ``np.count_nonzero`` adds two Python-level calls (its dispatcher)
     from numpy._core.multiarray import count_nonzero as _count

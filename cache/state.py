@@ -1,8 +1,8 @@
 """The cache's state and the one place every state change passes through.
 
 ``CacheCore`` owns the tree, the pools, the per-component ledgers (evictable / protected per
-tier), the FULL evictable-leaf heaps (device D-leaves, host H-leaves), the auxiliary recency lists,
-the lock table and the recorder. Its primitives (``set_value``, ``acquire``, ``release``,
+tier), the FULL evictable-leaf heaps (device D-leaves, host H-leaves: ``leaves.py``), the
+auxiliary recency lists, the lock table (its primitives in ``pins.py``) and the recorder. Its primitives (``set_value``, ``acquire``, ``release``,
 ``split``, ``delete``, ``touch``) keep all of those in step *and* emit the matching mutation, so
 a state change cannot happen without being recorded. Public operations live in ``hiradix.py``.
 """
@@ -22,6 +22,7 @@ from radixscope.cache.errors import CacheOutOfMemory, StaleHandle
 from radixscope.cache.events import Recorder
 from radixscope.cache.leaves import LeafSets
 from radixscope.cache.memory import check_fits
+from radixscope.cache.pins import LockEntry, Pins
 from radixscope.cache.pools import KVPool, StatePool, _np
 from radixscope.cache.recording import Recording
 from radixscope.cache.tiers import DEVICE, HOST, STORAGE, TIER_LABELS, TIERS, per_tier
@@ -34,21 +35,7 @@ def _stored_numel(value) -> int:
     return value.numel()
 
 
-class LockEntry:
-    """A live lock: the nodes pinned per component index (bottom-up order)."""
-
-    __slots__ = ("receipt_id", "owner", "anchor", "tier", "pins")
-
-    def __init__(self, receipt_id: int, owner: str | None, anchor: int, tier: int,
-                 pins: dict[int, list[int]]) -> None:
-        self.receipt_id = receipt_id
-        self.owner = owner
-        self.anchor = anchor
-        self.tier = tier
-        self.pins = pins
-
-
-class CacheCore(LeafSets, Recording):
+class CacheCore(Pins, LeafSets, Recording):
     storage = None  # the StorageSetup of an L3 tier (``HiRadixCache(..., storage=...)``)
 
     def __init__(self, config: CacheConfig, recorder: Recorder | None = None) -> None:
@@ -192,87 +179,6 @@ class CacheCore(LeafSets, Recording):
                     lru[nid] = node
             else:
                 lru.pop(nid, None)
-
-    # ---- locks -----------------------------------------------------------------------------
-    def acquire(self, anchor: Node, tier: int, pins: dict[int, list[Node]], owner) -> int:
-        """Pin nodes (lock_ref on device, host_ref on host) and register the lock."""
-        rid = self._next_receipt
-        self._next_receipt += 1
-        first: list[Node] = []  # nodes that went from unpinned to pinned on this tier
-        held: dict[int, list[int]] = {}  # the entry's pinned ids per component, in order
-        for ci in sorted(pins):
-            nodes = pins[ci]
-            if not nodes:
-                continue
-            size = self._sizes[ci]
-            moved = 0  # slots going from evictable to protected
-            ids = held[ci] = []
-            for node in nodes:
-                ids.append(node.id)
-                d = node.data[ci]
-                refs = d.refs
-                if not refs[tier]:
-                    first.append(node)
-                    v = d.values[tier]
-                    if v is not None:
-                        moved += size(v)
-                refs[tier] += 1
-            if moved:
-                self.evictable[ci][tier] -= moved
-                self.protected[ci][tier] += moved
-        entry = LockEntry(rid, owner, anchor.id, tier, held)
-        self.locks[rid] = entry
-        for node in first:  # (a node pinned by two components is refreshed twice: idempotent)
-            # a node with FULL on device under a device child is never a leaf: skip the call
-            if not node.device_children or node.data[0].values[DEVICE] is None:
-                self.refresh_leaf(node)
-        if self._on:
-            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier], (rid, owner, self._pins_out(entry)))
-        return rid
-
-    def _pins_out(self, entry: LockEntry, cis=None) -> tuple:
-        # entry.pins is in component order (built from sorted pins; releases only delete)
-        comps = self.comps
-        return tuple([(comps[ci].name, tuple(ids)) for ci, ids in entry.pins.items()
-                      if cis is None or ci in cis])
-
-    def release(self, entry: LockEntry, cis: set[int] | None = None) -> None:
-        """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that
-        keeps the lock live), otherwise all of them, retiring the lock."""
-        nodes = self.tree.nodes
-        out = self._pins_out(entry, cis) if self._on else None
-        touched: list[Node] = []  # nodes left unpinned on this tier (refreshed: idempotent)
-        tier = entry.tier
-        for ci, ids in entry.pins.items():  # in component order (``acquire``)
-            if cis is not None and ci not in cis:
-                continue
-            size = self._sizes[ci]
-            moved = 0  # slots going from protected to evictable
-            for nid in ids:
-                node = nodes[nid]
-                d = node.data[ci]
-                refs = d.refs
-                refs[tier] -= 1
-                if not refs[tier]:
-                    touched.append(node)
-                    v = d.values[tier]
-                    if v is not None:
-                        moved += size(v)
-            if moved:
-                self.protected[ci][tier] -= moved
-                self.evictable[ci][tier] += moved
-        for ci in list(entry.pins):
-            if cis is None or ci in cis:
-                del entry.pins[ci]
-        final = cis is None
-        if final:
-            del self.locks[entry.receipt_id]
-        for node in touched:
-            if not node.device_children or node.data[0].values[DEVICE] is None:
-                self.refresh_leaf(node)
-        if self._on:
-            self._m(ev.LOCK_RELEASE, entry.anchor, None, TIER_LABELS[entry.tier],
-                    (entry.receipt_id, out, final))
 
     # ---- structure -------------------------------------------------------------------------
     def new_leaf(self, parent: Node, key, extra_key: object) -> Node:
