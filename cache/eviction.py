@@ -72,15 +72,20 @@ class Eviction(CacheCore):
         """Free at least ``num`` device slots of component ``ci`` (fewer if nothing else is evictable)."""
         acc = _Acc(self)
         if ci == 0:
+            skipped: list[Node] = []  # popped but left resident: filed again below
             try:
                 while acc.freed[0] < num:
                     leaf = self.pop_leaf(DEVICE)
                     if leaf is None:
                         break
-                    self._evict_leaf(leaf, acc)
+                    if not self._evict_leaf(leaf, acc):
+                        skipped.append(leaf)
             except BaseException:
                 self.free_deferred(acc.defer)  # a failing victim: the others' slots still go
                 raise
+            finally:
+                for leaf in skipped:
+                    self.refile_leaf(leaf, DEVICE)
             return acc.result(num)
         lru = self.lru[ci][DEVICE]
         while acc.freed[ci] < num:

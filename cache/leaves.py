@@ -123,6 +123,15 @@ class LeafSets:
                                            f"{node.last_access}: evicted out of LRU order"))
         return out
 
+    def refile_leaf(self, node: Node, tier: int) -> None:
+        """Give back an entry ``pop_leaf`` returned but the caller did not evict (eviction
+        skips a leaf whose host-only subtree is pinned): it stays a leaf, so it must stay
+        findable."""
+        bit = 1 << tier
+        if node.id in self.leaves[tier] and not node.in_heap & bit:
+            node.in_heap |= bit
+            self._file(self._heaps[tier], self.leaves[tier], node)
+
     def _compact_heaps(self) -> None:
         """Rebuild a heap from its set (entries of deleted nodes dropped; one per node)."""
         nodes = self.tree.nodes

@@ -120,3 +120,22 @@ def test_check_reports_a_leaf_the_heap_lost_and_a_second_entry() -> None:
     heapq.heappush(heap, (0, leaf))
     with pytest.raises(InvariantViolation, match="2 heap entries"):
         c.check()
+
+
+def test_a_leaf_eviction_skips_stays_findable() -> None:
+    """An L3 prefetch host-pins its anchor's path, device-only nodes included; eviction pops
+    such a leaf and leaves it resident (a pinned node is never deleted). The popped entry must
+    go back: without it the leaf, still counted evictable, could never be evicted again (until
+    some match touched it), and an ``alloc`` trusting the evictable ledger ran out of memory.
+    Found by the long fuzz profile (full, page 1, write_through_selective, clean L3)."""
+    c = HiRadixCache(make_config(device_tokens=64, host_tokens=0))
+    _request(c, list(range(1, 33)), "a")
+    _request(c, list(range(100, 132)), "b")
+    leaf = c.tree.nodes[c.match_prefix(list(range(1, 33))).last_device_node]
+    entry = c.acquire(leaf, HOST, {0: [leaf]}, "prefetch:p1")  # as a prefetch's anchor pin
+    out = c.evict(64)
+    assert leaf.id not in out.evicted_nodes and leaf.id in c.leaves[DEVICE]
+    c.check()  # every evictable leaf still has its heap entry
+    c.release(c.locks[entry])
+    assert c.evict(32).evicted_nodes == (leaf.id,)
+    c.check()
