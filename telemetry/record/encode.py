@@ -22,6 +22,8 @@ import pickle
 from array import array
 from typing import Any, NamedTuple
 
+import msgspec
+
 from opentelemetry import trace
 from opentelemetry.trace import propagation as _propagation
 
@@ -298,9 +300,15 @@ def span_row(span: Any, op_id: int | None = None) -> SpanRow:
 
 
 def _default(v: Any) -> Any:
-    """What JSON cannot express: an array (a created node's tokens) as a list, anything
-    else as its ``repr``."""
-    return v.tolist() if isinstance(v, array) else repr(v)
+    """What JSON cannot express: an array (a created node's tokens) as a list, a subclass of
+    int / float / str (``TransferId``) as its plain value (msgspec asks for those; ``json``
+    writes them itself), anything else as its ``repr``."""
+    if isinstance(v, array):
+        return v.tolist()
+    for plain in (int, float, str):
+        if isinstance(v, plain):
+            return plain(v)
+    return repr(v)
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_default, ensure_ascii=False)
@@ -311,10 +319,34 @@ _C_ENCODE = (json.encoder.c_make_encoder(None, _default, json.encoder.encode_bas
              if json.encoder.c_make_encoder is not None else None)
 
 
+# msgspec's encoder writes the same compact JSON as ``json`` for what the store holds (plain
+# tuples, lists, dicts, strings, numbers), 5-6x faster (an op's attrs: 0.25 us instead of
+# 1.5; a 9000-mutation journal chunk: 16 ms instead of 75): the writer's largest per-op cost.
+# Beside ``json`` it writes NaN / infinity as null (valid JSON, which SQLite's JSON functions
+# need) and sets, bytes and dataclasses its own way; what it refuses (ints past 64 bits,
+# dict keys of other types) goes through ``json`` as before.
+_MSGSPEC = msgspec.json.Encoder(enc_hook=_default)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``."""
     if type(value) is int:  # most mutation values (pool counts): skip the encoder
         return str(value)
+    try:
+        return _MSGSPEC.encode(value).decode()
+    except Exception:  # noqa: BLE001 - what msgspec refuses: the json module's way
+        return _json_text(value)
+
+
+def json_bytes(value: Any) -> bytes:
+    """``dumps(value)`` as UTF-8 bytes (keyframes: compressed, never decoded here)."""
+    try:
+        return _MSGSPEC.encode(value)
+    except Exception:  # noqa: BLE001 - what msgspec refuses: the json module's way
+        return _json_text(value).encode()
+
+
+def _json_text(value: Any) -> str:
     if _C_ENCODE is None or isinstance(value, str):
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))

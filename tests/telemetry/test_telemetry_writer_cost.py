@@ -1,0 +1,85 @@
+"""The writer's per-op cost (issue 17): JSON through msgspec with the json module's output, and
+keyframes spaced by the tree's size (``keyframe_nodes``) so their cost per mutation is bounded."""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+
+import pytest
+
+from radixscope import telemetry
+from radixscope.cache import HiRadixCache
+from radixscope.cache.results import TransferId
+from radixscope.telemetry.options import TelemetryOptions
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.record.encode import dumps, json_bytes
+from radixscope.telemetry.sinks.store_sink import StoreSink
+from radixscope.telemetry.store.schema import create_store, resolve_new_store
+from tests.kits.cachekit import make_config
+
+
+def _json(v) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("value", [
+    {"key_tokens": 12, "node": 3, "extra_key": None, "freed": {"full": 4}, "ok": True},
+    [(1, 2, "comp.state", 3, "full", None, ((4, None, None), (0, 1, 0)))],
+    "tökens \"quoted\"", 2**70, -5, 1.5, [], {}])
+def test_dumps_writes_what_the_json_module_writes(value):
+    assert dumps(value) == _json(value)
+    assert json_bytes(value) == _json(value).encode()
+
+
+def test_dumps_writes_an_int_subclass_as_its_number_and_odd_values_as_their_repr():
+    assert dumps({"transfer": TransferId(7, 3)}) == '{"transfer":7}'
+    assert dumps([array("Q", [1, 2])]) == "[[1,2]]"
+    assert dumps({"x": object}) == '{"x":"<class \'object\'>"}'
+    assert dumps({(1, 2): 3}) == '{"(1, 2)":3}'  # the json module refused such a key
+
+
+def test_dumps_writes_non_finite_floats_as_null_which_sqlite_can_read():
+    assert dumps({"x": math.nan, "y": math.inf}) == '{"x":null,"y":null}'
+
+
+def _keyframe_gaps(tmp_path, keyframe_nodes: float) -> tuple[list[int], int]:
+    tel = telemetry.setup(store=tmp_path / f"k{keyframe_nodes}.db", mode="inline",
+                          metrics=False, capture_host_spans=False, keyframe_every=1,
+                          keyframe_nodes=keyframe_nodes)
+    c = HiRadixCache(make_config(("full",), device_tokens=64, host_tokens=0),
+                     recorder=tel.recorder)
+    for key in ([1, 2], [3, 4], [5, 6], [7, 8]):
+        c.insert(key, c.alloc(2))
+    tel.flush()
+    nodes = len(c.tree.nodes)  # 5 with the root: what the replica counts
+    for _ in range(30):
+        c.unlock(c.lock(1, owner="o"))  # two mutations, no new node
+        tel.flush()  # one batch: the keyframe check runs once per batch
+    tel.close()
+    with telemetry.open_store(tmp_path / f"k{keyframe_nodes}.db") as r:
+        seqs = sorted(int(s) for s in r.keyframes()["seq"])
+    return [b - a for a, b in zip(seqs[1:], seqs[2:], strict=False)], nodes
+
+
+def test_keyframes_come_every_keyframe_nodes_times_the_node_count(tmp_path):
+    gaps, nodes = _keyframe_gaps(tmp_path, 2.0)
+    assert nodes == 5
+    assert gaps and set(gaps) == {10}  # 2 x 5 nodes: every fifth lock/unlock pair
+
+
+def test_keyframe_nodes_zero_keeps_the_plain_mutation_cadence(tmp_path):
+    gaps, _ = _keyframe_gaps(tmp_path, 0)
+    assert gaps and set(gaps) == {2}  # every batch: keyframe_every=1
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, True, "2"])
+def test_a_bad_keyframe_nodes_is_refused_naming_it(tmp_path, bad):
+    with pytest.raises(ValueError, match="keyframe_nodes"):
+        TelemetryOptions(keyframe_nodes=bad)
+    if isinstance(bad, (int, float)) and not isinstance(bad, bool):
+        path = resolve_new_store(tmp_path / "s.db", overwrite=True)
+        create_store(path, {}, overwrite=True)
+        with pytest.raises(ValueError, match="keyframe_nodes"):
+            StoreSink(Health(), str(path), keyframe_nodes=bad)
