@@ -22,7 +22,6 @@ import pickle
 from array import array
 from typing import Any, NamedTuple
 
-import msgspec
 
 from opentelemetry import trace
 from opentelemetry.trace import propagation as _propagation
@@ -299,7 +298,7 @@ def span_row(span: Any, op_id: int | None = None) -> SpanRow:
     )
 
 
-def _default(v: Any) -> Any:
+def json_default(v: Any) -> Any:
     """What JSON cannot express: an array (a created node's tokens) as a list, a subclass of
     int / float / str (``TransferId``) as its plain value (msgspec asks for those; ``json``
     writes them itself), anything else as its ``repr``."""
@@ -311,51 +310,23 @@ def _default(v: Any) -> Any:
     return repr(v)
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_default, ensure_ascii=False)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default, ensure_ascii=False)
 # ``JSONEncoder.encode`` builds a C encoder on every call (about as costly as encoding a small
 # tuple); build it once. Same output as ``_ENCODER.encode``; the pure-Python path is the fallback.
-_C_ENCODE = (json.encoder.c_make_encoder(None, _default, json.encoder.encode_basestring, None,
+_C_ENCODE = (json.encoder.c_make_encoder(None, json_default, json.encoder.encode_basestring, None,
                                          ":", ",", False, False, True)
              if json.encoder.c_make_encoder is not None else None)
 
 
-# msgspec's encoder writes the same compact JSON as ``json`` for what the store holds (plain
-# tuples, lists, dicts, strings, numbers), 5-6x faster (an op's attrs: 0.25 us instead of
-# 1.5; a 9000-mutation journal chunk: 16 ms instead of 75): the writer's largest per-op cost.
-# Beside ``json`` it writes NaN / infinity as null (valid JSON, which SQLite's JSON functions
-# need) and sets, bytes and dataclasses its own way; what it refuses (ints past 64 bits,
-# dict keys of other types) goes through ``json`` as before.
-_MSGSPEC = msgspec.json.Encoder(enc_hook=_default)
-
-
 def dumps(value: Any) -> str:
-    """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``."""
+    """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``
+    (the json module: this stage runs in the cache's process; the store's writer uses the
+    faster ``telemetry.store.jsontext.dumps``, which writes the same text)."""
     if type(value) is int:  # most mutation values (pool counts): skip the encoder
         return str(value)
-    try:
-        return _MSGSPEC.encode(value).decode()
-    except Exception:  # noqa: BLE001 - what msgspec refuses: the json module's way
-        return _json_text(value)
-
-
-def json_bytes(value: Any) -> bytes:
-    """``dumps(value)`` as UTF-8 bytes (keyframes: compressed, never decoded here)."""
-    try:
-        return _MSGSPEC.encode(value)
-    except Exception:  # noqa: BLE001 - what msgspec refuses: the json module's way
-        return _json_text(value).encode()
-
-
-def _json_text(value: Any) -> str:
     if _C_ENCODE is None or isinstance(value, str):
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
-
-
-def journal_chunk(mutations: list[tuple]) -> tuple[int, int, str]:
-    """A ``journal`` row ``(seq_first, seq_last, data)`` for mutations in increasing seq order:
-    ``data`` is the JSON array of the mutation tuples, encoded in one call."""
-    return (mutations[0][0], mutations[-1][0], dumps(mutations))
 
 
 def hex_ids(trace_id: int, span_id: int) -> tuple[str | None, str | None]:

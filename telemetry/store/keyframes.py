@@ -20,7 +20,7 @@ from array import array
 import numpy as np
 
 from radixscope.cache.snapshot import CacheSnapshot
-from radixscope.telemetry.record.encode import json_bytes
+from radixscope.telemetry.store.jsontext import json_bytes
 
 _U32 = 1 << 32
 MAX_KEYFRAME_BYTES = 1 << 30  # a keyframe inflating past this is refused (files are untrusted)

@@ -1,5 +1,6 @@
-"""The writer's per-op cost (issue 17): JSON through msgspec with the json module's output, and
-keyframes spaced by the tree's size (``keyframe_nodes``) so their cost per mutation is bounded."""
+"""The writer's per-op cost (issue 17): the store's JSON through msgspec with the json module's
+output (``telemetry.store.jsontext``), and keyframes spaced by the tree's size
+(``keyframe_nodes``) so their cost per mutation is bounded."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from radixscope.cache import HiRadixCache
 from radixscope.cache.results import TransferId
 from radixscope.telemetry.options import TelemetryOptions
 from radixscope.telemetry.record.drops import Health
-from radixscope.telemetry.record.encode import dumps, json_bytes
+from radixscope.telemetry.record import encode
+from radixscope.telemetry.store.jsontext import dumps, json_bytes
 from radixscope.telemetry.sinks.store_sink import StoreSink
 from radixscope.telemetry.store.schema import create_store, resolve_new_store
 from tests.kits.cachekit import make_config
@@ -29,13 +31,13 @@ def _json(v) -> str:
     [(1, 2, "comp.state", 3, "full", None, ((4, None, None), (0, 1, 0)))],
     "tökens \"quoted\"", 2**70, -5, 1.5, [], {}])
 def test_dumps_writes_what_the_json_module_writes(value):
-    assert dumps(value) == _json(value)
+    assert dumps(value) == _json(value) == encode.dumps(value)  # msgspec, json, json module
     assert json_bytes(value) == _json(value).encode()
 
 
 def test_dumps_writes_an_int_subclass_as_its_number_and_odd_values_as_their_repr():
     assert dumps({"transfer": TransferId(7, 3)}) == '{"transfer":7}'
-    assert dumps([array("Q", [1, 2])]) == "[[1,2]]"
+    assert dumps([array("Q", [1, 2])]) == encode.dumps([array("Q", [1, 2])]) == "[[1,2]]"
     assert dumps({"x": object}) == '{"x":"<class \'object\'>"}'
     assert dumps({(1, 2): 3}) == '{"(1, 2)":3}'  # the json module refused such a key
 
