@@ -14,12 +14,13 @@ from radixscope import telemetry
 from radixscope.cache import HiRadixCache
 from radixscope.cache.results import TransferId
 from radixscope.telemetry.options import TelemetryOptions
-from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record import encode
-from radixscope.telemetry.store.jsontext import dumps, json_bytes
+from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.sinks.store_sink import StoreSink
+from radixscope.telemetry.store.jsontext import dumps, json_bytes
 from radixscope.telemetry.store.schema import create_store, resolve_new_store
-from tests.kits.cachekit import make_config
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.kits.telkit import Rig
 
 
 def _json(v) -> str:
@@ -85,3 +86,43 @@ def test_a_bad_keyframe_nodes_is_refused_naming_it(tmp_path, bad):
         create_store(path, {}, overwrite=True)
         with pytest.raises(ValueError, match="keyframe_nodes"):
             StoreSink(Health(), str(path), keyframe_nodes=bad)
+
+
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_the_replica_follows_overlapping_locks_and_partial_releases_exactly(tmp_path,
+                                                                             components):
+    """The journal applies lock mutations itself (refs and ledgers in one pass): after every
+    step its pools and its tree equal the cache's own snapshot."""
+    rig = Rig(tmp_path, components, device_tokens=40, host_tokens=48)
+    c, d = rig.cache, Driver(rig.cache)
+
+    def same() -> None:
+        rig.tel.flush()
+        j = rig.tel.pipeline.transport.sink.journal
+        snap = c.snapshot()
+        assert j.snapshot() == snap
+        assert j.pools() == [(p.component, p.tier, p.capacity, p.available, p.evictable,
+                              p.protected, p.in_flight) for p in snap.pools]
+
+    d.insert([1, 2, 3, 4, 5, 6], req_id="a")
+    d.insert([1, 2, 3, 9], req_id="b")
+    same()
+    deep = c.match_prefix([1, 2, 3, 4, 5, 6]).last_device_node
+    mid = c.match_prefix([1, 2, 3, 9]).last_device_node
+    r1 = c.lock(deep, owner="x")
+    r2 = c.lock(deep, owner="y")  # the same path pinned twice: refs 2, no ledger move
+    r3 = c.lock(mid, owner="z")
+    same()
+    if "swa" in c.ci:
+        r1 = c.release_swa(r1)  # a partial release keeps the lock live
+        same()
+    c.unlock(r2)
+    same()
+    c.evict(40)  # only what no lock pins goes
+    same()
+    c.unlock(r1)
+    c.unlock(r3)
+    same()
+    c.evict(40)
+    same()
+    rig.close()
