@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_scale as bs  # noqa: E402
 import torch  # noqa: E402
 
-import bench_scale as bs  # noqa: E402
 from radixscope.telemetry.options import TelemetryOptions  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402

@@ -22,7 +22,6 @@ import pickle
 from array import array
 from typing import Any, NamedTuple
 
-
 from opentelemetry import trace
 from opentelemetry.trace import propagation as _propagation
 
