@@ -21,7 +21,8 @@ from radixscope.telemetry.record.recorder import TelemetryRecorder
 
 
 class Transport(Protocol):
-    """Where drained messages go (``telemetry/sinks/transport.py``)."""
+    """Where drained messages go (``telemetry/sinks/transport.py``). Optional: ``prioritize()
+    -> bool`` and ``deprioritize()``, around the waits of ``flush`` and ``close``."""
 
     def send(self, messages: list[tuple]) -> None: ...
 
@@ -143,10 +144,27 @@ class Pipeline:
         with self._lock:
             if self._closed:
                 return self.last_stats
-            self._drain()
-            with self.health.guard("flush"):
-                self.last_stats = self.transport.flush(timeout_s)
+            raised = self._prioritize()
+            try:
+                self._drain()
+                with self.health.guard("flush"):
+                    self.last_stats = self.transport.flush(timeout_s)
+            finally:
+                if raised:
+                    with self.health.guard("flush.deprioritize"):
+                        self.transport.deprioritize()  # type: ignore[attr-defined]
             return self.last_stats
+
+    def _prioritize(self) -> bool:
+        """This thread is about to wait for the sinks: a transport that runs them niced in
+        another process (``ProcessTransport.prioritize``) runs them at this process's
+        priority meanwhile, so a busy machine cannot starve a backlog's drain."""
+        fn = getattr(self.transport, "prioritize", None)
+        if fn is None:
+            return False
+        with self.health.guard("prioritize"):
+            return bool(fn())
+        return False
 
     def close(self, timeout_s: float = 30.0) -> dict:
         """Stop the drain thread, ship the rest, close the transport. Idempotent."""
@@ -160,6 +178,7 @@ class Pipeline:
             if self._closed:
                 return self.last_stats
             deadline = time.monotonic() + timeout_s
+            self._prioritize()  # for good: the writer exits after this
             self._drain()
             self._closed = True
             with self.health.guard("close"):

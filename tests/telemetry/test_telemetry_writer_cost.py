@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from array import array
 
 import pytest
@@ -126,3 +127,26 @@ def test_the_replica_follows_overlapping_locks_and_partial_releases_exactly(tmp_
     c.evict(40)
     same()
     rig.close()
+
+
+def test_a_waiting_host_runs_the_writer_at_its_own_priority(tmp_path):
+    """The writer runs niced; while the host waits for it (flush, close) it runs at the host's
+    priority where the OS allows (root here), and flush gives the niceness back after."""
+    tel = telemetry.setup(store=tmp_path / "p.db", metrics=False, capture_host_spans=False)
+    t = tel.pipeline.transport
+    pid = t.process.pid
+    host = os.getpriority(os.PRIO_PROCESS, 0)
+    niced = min(host + TelemetryOptions().writer_nice, 19)
+    tel.flush()  # the writer has niced itself once it answers
+    assert os.getpriority(os.PRIO_PROCESS, pid) == niced
+    raised = t.prioritize()
+    if os.geteuid() == 0:
+        assert raised
+    if raised:
+        assert os.getpriority(os.PRIO_PROCESS, pid) == host
+        assert not t.prioritize()  # already there
+        t.deprioritize()
+    assert os.getpriority(os.PRIO_PROCESS, pid) == niced
+    tel.flush()  # raised for the wait, restored after
+    assert os.getpriority(os.PRIO_PROCESS, pid) == niced
+    tel.close()
