@@ -10,9 +10,12 @@ Two measurements on ``bench_scale``'s chat workload (FULL, page 1, ~1 k or ~100 
 - ``close``: full process-mode telemetry (``telemetry.setup(store=...)``) fills the cache; the
   writer process is then stopped (SIGSTOP) while ``--requests`` requests run, so they wait as
   a backlog; it is resumed and ``tel.close()`` is timed (wall clock): the backlog's drain.
+  ``--busy``: meanwhile a busy process shares the writer's CPU (the writer runs niced; while
+  ``close()`` waits it runs at the host's priority, ``--no-prioritize`` keeps it niced).
 
     python bench/bench_writer.py --scale 1k --requests 3000
     python bench/bench_writer.py --scale 100k --requests 4000 --what drain --profile
+    python bench/bench_writer.py --what close --busy [--no-prioritize]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import gc
 import os
 import pstats
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,11 +94,20 @@ def drain(nodes: int, requests: int, tmp: Path, profile: bool) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
-def close_after_backlog(nodes: int, requests: int, tmp: Path) -> None:
+def close_after_backlog(nodes: int, requests: int, tmp: Path, busy: bool,
+                        prioritize: bool) -> None:
     tel = setup(store=tmp / "close.db", overwrite=True)
+    if not prioritize:  # the writer stays niced while close() waits (as before issue 17)
+        tel.pipeline.transport.prioritize = lambda: False
     c, chat = filled(nodes, tel.recorder)
     tel.flush()
     writer = tel.pipeline.transport.process
+    burner = None
+    if busy:  # the writer shares one CPU with a busy process; this thread keeps another
+        os.sched_setaffinity(0, {0})
+        os.sched_setaffinity(writer.pid, {1})
+        burner = subprocess.Popen([sys.executable, "-c", "import os\n"
+                                   "os.sched_setaffinity(0, {1})\nwhile True: pass"])
     os.kill(writer.pid, signal.SIGSTOP)
     try:
         ops0, seq0 = c.current_op_id, tel.recorder.current_seq()
@@ -105,7 +118,11 @@ def close_after_backlog(nodes: int, requests: int, tmp: Path) -> None:
     finally:
         os.kill(writer.pid, signal.SIGCONT)
     t0 = time.perf_counter()
-    stats = tel.close()
+    try:
+        stats = tel.close()
+    finally:
+        if burner is not None:
+            burner.kill()
     took = time.perf_counter() - t0
     dropped = sum(stats.get("dropped", {}).values())
     print(f"close: backlog of {requests} requests ({c.current_op_id - ops0} ops, "
@@ -119,6 +136,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--what", default="both", choices=("drain", "close", "both"))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--busy", action="store_true",
+                    help="close: a busy process shares the writer's CPU (2 CPUs needed)")
+    ap.add_argument("--no-prioritize", action="store_true",
+                    help="close: keep the writer niced while close() waits")
     args = ap.parse_args()
     torch.set_num_threads(1)
     nodes = bs.SCALES[args.scale]
@@ -126,7 +147,8 @@ def main() -> None:
         if args.what in ("drain", "both"):
             drain(nodes, args.requests, Path(d), args.profile)
         if args.what in ("close", "both"):
-            close_after_backlog(nodes, args.requests, Path(d))
+            close_after_backlog(nodes, args.requests, Path(d), args.busy,
+                                not args.no_prioritize)
 
 
 if __name__ == "__main__":

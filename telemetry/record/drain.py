@@ -141,19 +141,20 @@ class Pipeline:
         Returns:
             Merged telemetry stats (dropped / failures / notes) as the sinks see them.
         """
-        with self._lock:
-            if self._closed:
-                return self.last_stats
-            raised = self._prioritize()
-            try:
+        # before the lock: the drain thread may hold it, blocked on a full pipe to the writer
+        raised = not self._closed and self._prioritize()
+        try:
+            with self._lock:
+                if self._closed:
+                    return self.last_stats
                 self._drain()
                 with self.health.guard("flush"):
                     self.last_stats = self.transport.flush(timeout_s)
-            finally:
-                if raised:
-                    with self.health.guard("flush.deprioritize"):
-                        self.transport.deprioritize()  # type: ignore[attr-defined]
-            return self.last_stats
+                return self.last_stats
+        finally:
+            if raised:
+                with self.health.guard("flush.deprioritize"):
+                    self.transport.deprioritize()  # type: ignore[attr-defined]
 
     def _prioritize(self) -> bool:
         """This thread is about to wait for the sinks: a transport that runs them niced in
@@ -168,6 +169,10 @@ class Pipeline:
 
     def close(self, timeout_s: float = 30.0) -> dict:
         """Stop the drain thread, ship the rest, close the transport. Idempotent."""
+        if not self._closed:
+            # for good (the writer exits after this), and first: the drain thread joined
+            # below may be blocked on a full pipe to the writer, draining at its pace
+            self._prioritize()
         self._stop = True
         self.recorder.closed = True
         self.recorder.queue_capacity = 0  # later records are dropped and counted
@@ -178,7 +183,6 @@ class Pipeline:
             if self._closed:
                 return self.last_stats
             deadline = time.monotonic() + timeout_s
-            self._prioritize()  # for good: the writer exits after this
             self._drain()
             self._closed = True
             with self.health.guard("close"):
