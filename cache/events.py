@@ -14,7 +14,9 @@ Mutation tuple layout (also ``Mutation`` below): ``(seq, op_id, kind, node, comp
 
 | kind             | node        | comp / tier     | value                                                   |
 |------------------|-------------|-----------------|---------------------------------------------------------|
-| ``node.create``  | new id      | -               | ``(parent_id, extra_key, tokens)``                      |
+| ``node.create``  | new id      | -               | ``(parent_id, extra_key, tokens)``; ``tokens`` is the   |
+|                  |             |                 | node's key itself, an ``array('Q')`` never changed in   |
+|                  |             |                 | place (no copy on the hot path; sinks get an array too) |
 | ``node.split``   | child id    | -               | ``(new_parent_id, split_len, ref_comps)``: the new node |
 |                  |             |                 | takes the child's first ``split_len`` tokens, access    |
 |                  |             |                 | and hits, and joins every lock / transfer pinning the   |

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("radixscope.cache")
 _time_ns = time.time_ns
+_COMP_STATE = ev.COMP_STATE
+_POOL_AVAILABLE = ev.POOL_AVAILABLE
 
 
 def _context_getter():
@@ -186,14 +188,17 @@ class Recording:
             d = node.data[ci]
             self.seq = seq = self.seq + 1
             size = self._sizes[ci]
-            vals = d.values
-            lens = [None if v is None else size(v) for v in vals[:_N_RESIDENT]]
-            lens += [None if v is None else v.numel() for v in vals[_N_RESIDENT:]]
-            self._muts.append((seq, self._cur_op, ev.COMP_STATE, node.id, self.comps[ci].name,
+            # one plain loop (no comprehensions or slices: 0.6 us instead of 1.1 per state)
+            lens = []
+            t = 0
+            for v in d.values:
+                lens.append(None if v is None else size(v) if t < _N_RESIDENT else v.numel())
+                t += 1
+            self._muts.append((seq, self._cur_op, _COMP_STATE, node.id, self.comps[ci].name,
                                None, (tuple(lens), tuple(d.refs))))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""
         self.seq = seq = self.seq + 1
-        self._muts.append((seq, self._cur_op, ev.POOL_AVAILABLE, None, self.comps[ci].name,
+        self._muts.append((seq, self._cur_op, _POOL_AVAILABLE, None, self.comps[ci].name,
                            TIER_LABELS[tier], available))

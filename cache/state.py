@@ -184,7 +184,7 @@ class CacheCore(Pins, LeafSets, Recording):
     def new_leaf(self, parent: Node, key, extra_key: object) -> Node:
         node = self.tree.new_child(parent, key, extra_key)
         if self._on:
-            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, tuple(key)))
+            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
         self.refresh_leaf(parent)
         return node
 

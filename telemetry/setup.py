@@ -116,6 +116,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     backends.check_available(spec)
     path = _store_path(store, overwrite)
     settings = {"mode": mode, "keyframe_every": opts.keyframe_every,
+                "keyframe_nodes": opts.keyframe_nodes,
                 "sample_every_ms": opts.sample_every_ms, "spans": spans, "metrics": metrics,
                 "overflow": opts.overflow, "queue_capacity": opts.queue_capacity}
     health = Health()
@@ -158,6 +159,7 @@ def _sink_specs(spans: dict | bool, metrics: dict | bool, extra: tuple[tuple[str
     out.extend(extra)
     if path is not None:
         out.append(("store", {"path": str(path), "keyframe_every": opts.keyframe_every,
+                              "keyframe_nodes": opts.keyframe_nodes,
                               "sample_every_ms": opts.sample_every_ms, "resource": resource}))
     return tuple(out)
 

@@ -44,7 +44,6 @@ from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.telemetry.capture import crash_window as window_
 from radixscope.telemetry.capture import failure as failure_
 from radixscope.telemetry.capture.replaycheck import replay_check
-from radixscope.telemetry.record.encode import dumps, journal_chunk
 from radixscope.telemetry.store.bundle_format import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -52,6 +51,7 @@ from radixscope.telemetry.store.bundle_format import (
     DIGESTED,
     table_digest,
 )
+from radixscope.telemetry.store.jsontext import dumps, journal_chunk
 from radixscope.telemetry.store.schema import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 
 TRIGGER_ERROR = "error"

@@ -21,7 +21,8 @@ from radixscope.telemetry.record.recorder import TelemetryRecorder
 
 
 class Transport(Protocol):
-    """Where drained messages go (``telemetry/sinks/transport.py``)."""
+    """Where drained messages go (``telemetry/sinks/transport.py``). Optional: ``prioritize()
+    -> bool`` and ``deprioritize()``, around the waits of ``flush`` and ``close``."""
 
     def send(self, messages: list[tuple]) -> None: ...
 
@@ -140,16 +141,38 @@ class Pipeline:
         Returns:
             Merged telemetry stats (dropped / failures / notes) as the sinks see them.
         """
-        with self._lock:
-            if self._closed:
+        # before the lock: the drain thread may hold it, blocked on a full pipe to the writer
+        raised = not self._closed and self._prioritize()
+        try:
+            with self._lock:
+                if self._closed:
+                    return self.last_stats
+                self._drain()
+                with self.health.guard("flush"):
+                    self.last_stats = self.transport.flush(timeout_s)
                 return self.last_stats
-            self._drain()
-            with self.health.guard("flush"):
-                self.last_stats = self.transport.flush(timeout_s)
-            return self.last_stats
+        finally:
+            if raised:
+                with self.health.guard("flush.deprioritize"):
+                    self.transport.deprioritize()  # type: ignore[attr-defined]
+
+    def _prioritize(self) -> bool:
+        """This thread is about to wait for the sinks: a transport that runs them niced in
+        another process (``ProcessTransport.prioritize``) runs them at this process's
+        priority meanwhile, so a busy machine cannot starve a backlog's drain."""
+        fn = getattr(self.transport, "prioritize", None)
+        if fn is None:
+            return False
+        with self.health.guard("prioritize"):
+            return bool(fn())
+        return False
 
     def close(self, timeout_s: float = 30.0) -> dict:
         """Stop the drain thread, ship the rest, close the transport. Idempotent."""
+        if not self._closed:
+            # for good (the writer exits after this), and first: the drain thread joined
+            # below may be blocked on a full pipe to the writer, draining at its pace
+            self._prioritize()
         self._stop = True
         self.recorder.closed = True
         self.recorder.queue_capacity = 0  # later records are dropped and counted

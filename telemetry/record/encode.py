@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import marshal
 import pickle
+from array import array
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import propagation as _propagation
 
+from radixscope.cache.events import NODE_CREATE as _NODE_CREATE
 from radixscope.cache.events import OpRecord
 
 
@@ -177,13 +179,33 @@ def decode_records(blobs: list[bytes]) -> tuple[list[CompactOp], list[tuple]]:
                                        err)))
             if ms:
                 muts.extend(ms)
-    return ops, muts
+    return ops, with_token_arrays(muts)
+
+
+def with_token_arrays(muts: list) -> list:
+    """``muts`` with each ``node.create``'s tokens as an ``array('Q')`` again.
+
+    The cache hands a created node's key itself (an ``array('Q')``) and marshal encodes any
+    buffer as ``bytes`` (0.1 us for a 214-token key, against 3 us to make it a tuple and 2.4
+    us more to marshal that); the decoding side makes it an array again here (0.2 us). Tokens
+    already an array (pickled batches, in-process rings) are kept. Returns ``muts`` itself
+    when it has no such mutation, else a new list."""
+    out = None
+    for i, m in enumerate(muts):
+        if m[2] == _NODE_CREATE and type(m[6][2]) is bytes:
+            if out is None:
+                out = list(muts)
+            parent, extra_key, raw = m[6]
+            toks = array(_TOKEN_CODE)
+            toks.frombytes(raw)
+            out[i] = (*m[:6], (parent, extra_key, toks))
+    return muts if out is None else out
 
 
 def named_records(records: list[tuple]) -> list[tuple[OpRecord, list[tuple]]]:
     """``OpRecord`` s (``context=None``) with their mutations, from compact records."""
     return [(OpRecord(oid, name, start, end, req, None, sf, sl, attrs or {}, err),
-             list(ms or ()))
+             with_token_arrays(list(ms or ())))
             for oid, name, start, end, req, _par, sf, sl, attrs, err, ms in records]
 
 
@@ -194,7 +216,7 @@ def _plain_record(rec: tuple) -> tuple:
 
 
 def _plain(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
+    if v is None or isinstance(v, (bool, int, float, str, array)):
         return v
     if isinstance(v, (tuple, list)):
         return tuple(_plain(x) for x in v)
@@ -212,6 +234,9 @@ _MARSHAL_VERSION = 2
 _UNMARSHAL = marshal.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _NO_PARENT = (0, 0, 0, False)
+# ``cache.keys.KEY_TYPECODE`` (not imported: that module imports torch, which the writer
+# process never loads; a test checks they agree)
+_TOKEN_CODE = "Q"
 
 
 def _span_in(ctx: Any) -> Any:
@@ -272,27 +297,35 @@ def span_row(span: Any, op_id: int | None = None) -> SpanRow:
     )
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=repr, ensure_ascii=False)
+def json_default(v: Any) -> Any:
+    """What JSON cannot express: an array (a created node's tokens) as a list, a subclass of
+    int / float / str (``TransferId``) as its plain value (msgspec asks for those; ``json``
+    writes them itself), anything else as its ``repr``."""
+    if isinstance(v, array):
+        return v.tolist()
+    for plain in (int, float, str):
+        if isinstance(v, plain):
+            return plain(v)
+    return repr(v)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=json_default, ensure_ascii=False)
 # ``JSONEncoder.encode`` builds a C encoder on every call (about as costly as encoding a small
 # tuple); build it once. Same output as ``_ENCODER.encode``; the pure-Python path is the fallback.
-_C_ENCODE = (json.encoder.c_make_encoder(None, repr, json.encoder.encode_basestring, None, ":",
-                                         ",", False, False, True)
+_C_ENCODE = (json.encoder.c_make_encoder(None, json_default, json.encoder.encode_basestring, None,
+                                         ":", ",", False, False, True)
              if json.encoder.c_make_encoder is not None else None)
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``."""
+    """Compact JSON; tuples become lists, anything JSON cannot express becomes its ``repr``
+    (the json module: this stage runs in the cache's process; the store's writer uses the
+    faster ``telemetry.store.jsontext.dumps``, which writes the same text)."""
     if type(value) is int:  # most mutation values (pool counts): skip the encoder
         return str(value)
     if _C_ENCODE is None or isinstance(value, str):
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
-
-
-def journal_chunk(mutations: list[tuple]) -> tuple[int, int, str]:
-    """A ``journal`` row ``(seq_first, seq_last, data)`` for mutations in increasing seq order:
-    ``data`` is the JSON array of the mutation tuples, encoded in one call."""
-    return (mutations[0][0], mutations[-1][0], dumps(mutations))
 
 
 def hex_ids(trace_id: int, span_id: int) -> tuple[str | None, str | None]:

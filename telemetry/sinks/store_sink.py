@@ -1,9 +1,10 @@
 """The store sink: every op, mutation, span, event and violation into the SQLite store.
 
 Built from the registry as ``store`` (``telemetry/sinks/base.py``) with plain-data options:
-``StoreSink(health, path, keyframe_every=, sample_every_ms=, resource=)``. Beside the rows it
-writes a keyframe every ``keyframe_every`` mutations and a pool sample every
-``sample_every_ms`` of cache time, both read off the fan-out's journal replica; it commits once
+``StoreSink(health, path, keyframe_every=, keyframe_nodes=, sample_every_ms=, resource=)``.
+Beside the rows it writes a keyframe every ``keyframe_every`` mutations (and at least
+``keyframe_nodes`` times the node count: a keyframe's cost grows with the tree) and a pool
+sample every ``sample_every_ms`` of cache time, both read off the fan-out's journal replica; it commits once
 per batch of messages (``commit``). Each op row carries its span's ids, read from the span
 sink's ``ids`` (``bind``); without a span sink, none. Host-process spans arrive as rows (the
 ``spans`` message, process mode) or as SDK spans through ``put_span`` (inline mode).
@@ -35,21 +36,26 @@ class StoreSink:
     Args:
         health: the fan-out's counters.
         path: an existing store file (``create_store`` made it).
-        keyframe_every: mutations between keyframes.
+        keyframe_every: mutations between keyframes, at least.
+        keyframe_nodes: and at least this many times the replica's node count (0: off).
         sample_every_ms: cache time between pool samples.
         resource: attributes of the resource the cache's spans carry (the ``resource`` info).
 
     Raises:
-        ValueError: ``keyframe_every`` < 1.
+        ValueError: ``keyframe_every`` < 1 or ``keyframe_nodes`` < 0.
     """
 
     # closes after the exporting sinks, so their shutdown failures reach the stored stats
     records_close = True
 
     def __init__(self, health: Health, path: str, keyframe_every: int = 20000,
-                 sample_every_ms: float = 100.0, resource: dict | None = None) -> None:
+                 sample_every_ms: float = 100.0, resource: dict | None = None,
+                 keyframe_nodes: float = 2.0) -> None:
         if keyframe_every < 1:
             raise ValueError(f"keyframe_every={keyframe_every!r}: must be >= 1")
+        if not keyframe_nodes >= 0:
+            raise ValueError(f"keyframe_nodes={keyframe_nodes!r}: must be >= 0")
+        self.keyframe_nodes = keyframe_nodes
         self.health = health
         self.store = StoreWriter(path)
         self.keyframe_every = keyframe_every
@@ -100,7 +106,8 @@ class StoreSink:
         j = self.journal
         if j is None or j.broken:
             return
-        if j.applied - self._kf_at >= self.keyframe_every:
+        since = j.applied - self._kf_at
+        if since >= self.keyframe_every and since >= self.keyframe_nodes * len(j.builder.nodes):
             with self.health.guard("keyframe"):
                 self._kf_at = j.applied
                 st.write_keyframe(j.seq, keyframes.encode(j.keyframe_dict()))

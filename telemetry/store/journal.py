@@ -176,10 +176,24 @@ class Journal:
             b.pools[(comp, tier)][1] = value
             self.available[(comp, tier)] = value
             b.seq = seq
-        elif kind in (ev.LOCK_ACQUIRE, ev.LOCK_RELEASE):
-            self._lock_moves(kind == ev.LOCK_ACQUIRE, tier, value[2] if kind == ev.LOCK_ACQUIRE
-                             else value[1])
+        elif kind == ev.NODE_TOUCH:
             b.apply(m)
+        elif kind == ev.LOCK_ACQUIRE:  # applied here, as the builder would, in one pass
+            rid, owner, pins = value
+            self._pin(tier, pins, +1)
+            b.locks[rid] = [owner, node, tier, {c: list(ids) for c, ids in pins}]
+            b.seq = seq
+        elif kind == ev.LOCK_RELEASE:
+            rid, pins, final = value
+            self._pin(tier, pins, -1)
+            held = (b.locks.pop(rid) if final else b.locks[rid])[3]
+            for c, ids in pins:
+                rest = held.pop(c, [])
+                for nid in ids:
+                    rest.remove(nid)  # a pin the lock does not hold: ValueError, replay stops
+                if rest:
+                    held[c] = rest
+            b.seq = seq
         elif kind == ev.NODE_CREATE:
             self.token_refs.create(node, len(value[2]))
             b.apply(m)
@@ -204,27 +218,28 @@ class Journal:
         else:
             b.apply(m)
 
-    def _lock_moves(self, acquire: bool, tier: str, pins) -> None:
-        """Ledgers for a lock taken or released (before the builder applies it): a pinned
-        node's value on the lock's tier moves between evictable and protected exactly when its
-        ref count on that tier crosses zero (the ref on a tier guards the value there)."""
+    def _pin(self, tier: str, pins, step: int) -> None:
+        """A lock taken (``step=+1``) or released (-1): each pinned node's ref on the lock's
+        tier moves by ``step`` and, in the same pass, the ledgers: the node's value on that
+        tier moves between evictable and protected exactly when its ref crosses zero (the ref
+        on a tier guards the value there). The root's refs move; it holds no slots."""
         t = Tier.of(tier)
-        crossing = 0 if acquire else 1
+        crossing = 0 if step > 0 else 1
         nodes = self.builder.nodes
         for c, ids in pins:
-            key = self._keys[c][t]
-            if key is None:
-                continue
             ci = self._ci[c]
             moved = 0
             for nid in ids:
-                if nid:
-                    st = nodes[nid][5][ci]
-                    lens, refs = st
-                    if refs[t] == crossing and lens[t] is not None:
-                        moved += lens[t]
-            if moved:
-                if acquire:
+                st = nodes[nid][5][ci]
+                refs = st[1]
+                if refs[t] == crossing and nid:
+                    n = st[0][t]
+                    if n is not None:
+                        moved += n
+                refs[t] += step
+            key = self._keys[c][t]
+            if moved and key is not None:
+                if step > 0:
                     self.evictable[key] -= moved
                     self.protected[key] += moved
                 else:

