@@ -167,6 +167,9 @@ class Fuzzer:
                 self._refused(lambda: self.c.free(idx, component=comp), "poll it before freeing")
                 return
             self.held.pop(i)
+            if comp == "mamba":  # a CoW slot's pending check runs before the slot can be reused
+                self._check_cows()
+                self.cow_checks = [x for x in self.cow_checks if not torch.equal(x[1], idx)]
             self.c.free(idx, component=comp)
 
     def evict(self) -> None:
