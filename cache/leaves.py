@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING
 
 from radixscope.cache.tiers import DEVICE, HOST, TIERS
 
-_D_BIT, _H_BIT = 1 << DEVICE, 1 << HOST  # ``Node.in_heap``: the heaps holding an entry for it
-
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node, RadixTree
 
@@ -53,9 +51,7 @@ class LeafSets:
             if f.refs[DEVICE] == 0 and node.device_children == 0:
                 if nid not in self.d_leaves:
                     self.d_leaves.add(nid)
-                    if not node.in_heap & _D_BIT:
-                        node.in_heap |= _D_BIT
-                        self._file(self._d_heap, self.d_leaves, node)
+                    self._file(node, DEVICE)
             else:
                 self.d_leaves.discard(nid)
             return
@@ -64,15 +60,19 @@ class LeafSets:
                 and not any(any(d.refs) for d in node.data)):
             if nid not in self.h_leaves:
                 self.h_leaves.add(nid)
-                if not node.in_heap & _H_BIT:
-                    node.in_heap |= _H_BIT
-                    self._file(self._h_heap, self.h_leaves, node)
+                self._file(node, HOST)
         else:
             self.h_leaves.discard(nid)
 
-    def _file(self, heap: list, live: set, node: Node) -> None:
+    def _file(self, node: Node, tier: int) -> None:
+        """Push ``node``'s entry on its tier's heap unless the heap already holds one."""
+        bit = 1 << tier
+        if node.in_heap & bit:
+            return
+        node.in_heap |= bit
+        heap = self._heaps[tier]
         heapq.heappush(heap, (node.last_access, node.id))
-        if len(heap) > 4 * len(live) + 1024:
+        if len(heap) > 4 * len(self.leaves[tier]) + 1024:
             self._compact_heaps()
 
     def pop_leaf(self, tier: int) -> Node | None:
@@ -127,10 +127,8 @@ class LeafSets:
         """Give back an entry ``pop_leaf`` returned but the caller did not evict (eviction
         skips a leaf whose host-only subtree is pinned): it stays a leaf, so it must stay
         findable."""
-        bit = 1 << tier
-        if node.id in self.leaves[tier] and not node.in_heap & bit:
-            node.in_heap |= bit
-            self._file(self._heaps[tier], self.leaves[tier], node)
+        if node.id in self.leaves[tier]:
+            self._file(node, tier)
 
     def _compact_heaps(self) -> None:
         """Rebuild a heap from its set (entries of deleted nodes dropped; one per node)."""
