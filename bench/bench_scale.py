@@ -87,7 +87,9 @@ def kv_bytes(c: HiRadixCache) -> int:
 
 
 def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int:
-    """One scheduled request; returns the cache calls it made."""
+    """One scheduled request; returns the cache calls it made. Each cache call is timed on its
+    own (``evict`` / ``alloc`` per component: ``evict.swa``, ``alloc.mamba``...), the
+    request's own tensor plumbing (the SWA index row) outside every timing."""
     clock = CLOCK
     comps = c.ci
     t0 = clock()
@@ -96,40 +98,74 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
     r = c.lock(m.last_device_node, owner=rid)
     t2 = clock()
     n = len(key) - m.device_prefix_len
-    calls = 5
+    calls = 5  # match, lock, alloc, insert, unlock; + every evict and auxiliary alloc
+    timed = [] if t is not None else None
     short = n - c.available()
     if short > 0:
+        e0 = clock()
         c.evict(short)
+        e1 = clock()
         calls += 1
-    if "swa" in comps and n - c.available("swa") > 0:
-        c.evict(n - c.available("swa"), component="swa")
-    if "mamba" in comps and c.available("mamba") < 1:
-        c.evict(1, component="mamba")
-    t3 = clock()
-    idx = c.alloc(n)
-    kw = {}
+        if timed is not None:
+            timed.append(("evict", e1 - e0))
+    aux = []
     if "swa" in comps:
-        kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1, dtype=torch.int64),
-                                       c.alloc(n, component="swa")])
+        aux.append(("swa", n))
+        if n - c.available("swa") > 0:
+            _timed_evict(c, n - c.available("swa"), "swa", timed)
+            calls += 1
     if "mamba" in comps:
-        kw["mamba_slot"] = c.alloc(1, component="mamba")
+        aux.append(("mamba", 1))
+        if c.available("mamba") < 1:
+            _timed_evict(c, 1, "mamba", timed)
+            calls += 1
+    a0 = clock()
+    idx = c.alloc(n)
+    a1 = clock()
+    kw = {}
+    for comp, k in aux:
+        b0 = clock()
+        slots = c.alloc(k, component=comp)
+        b1 = clock()
+        if timed is not None:
+            timed.append((f"alloc.{comp}", b1 - b0))
+        if comp == "swa":
+            kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1,
+                                                      dtype=torch.int64), slots])
+        else:
+            kw["mamba_slot"] = slots
+    calls += len(aux)
+    full = torch.cat([m.device_indices, idx])
     t4 = clock()
-    c.insert(key, torch.cat([m.device_indices, idx]), prev_prefix_len=m.device_prefix_len,
-             req_id=rid, **kw)
+    c.insert(key, full, prev_prefix_len=m.device_prefix_len, req_id=rid, **kw)
     t5 = clock()
     c.unlock(r)
     t6 = clock()
     if t is not None:
         t["match"].append(t1 - t0)
         t["lock"].append(t2 - t1)
-        if short > 0:
-            t["evict"].append(t3 - t2)
-        t["alloc"].append(t4 - t3)
+        t["alloc"].append(a1 - a0)
+        for op, ns in timed:
+            t.setdefault(op, []).append(ns)
         t["insert"].append(t5 - t4)
         t["unlock"].append(t6 - t5)
         t["request"].append(t6 - t5 + t5 - t4 + t2 - t0)
         t["hit"].append(m.device_prefix_len / max(1, len(key)))
     return calls
+
+
+def _timed_evict(c: HiRadixCache, k: int, comp: str, timed: list | None) -> None:
+    e0 = CLOCK()
+    c.evict(k, component=comp)
+    if timed is not None:
+        timed.append((f"evict.{comp}", CLOCK() - e0))
+
+
+def _ops_in(batches: list[dict]) -> list[str]:
+    """The timed ops of a run, in ``OPS`` order then the per-component ones (sorted)."""
+    seen = {op for b in batches for op, v in b.items() if isinstance(v, list) and v}
+    seen -= {"request", "hit"}
+    return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
 
 
 def rss() -> int:
@@ -212,14 +248,15 @@ class Run:
     def summary(self) -> dict:
         """Pooled over batches: medians / p99 per op; req/s from the best batch (least noise)."""
         out: dict = {}
-        for op in (*OPS, "request"):
-            v = sorted(x for b in self.batches for x in b[op])
+        for op in (*_ops_in(self.batches), "request"):
+            v = sorted(x for b in self.batches for x in b.get(op, ()))
             if v:
                 out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
         best = min(self.batches, key=lambda b: b["cpu"] / b["n"])
         out["req_s"] = best["n"] / best["cpu"]
-        timed = sum(sum(best[op]) for op in ("match", "insert", "evict")) / 1e9
-        out["ops_s"] = (2 * best["n"] + len(best["evict"])) / timed
+        evicts = [op for op in best if op.startswith("evict")]
+        timed = sum(sum(best[op]) for op in ("match", "insert", *evicts)) / 1e9
+        out["ops_s"] = (2 * best["n"] + sum(len(best[op]) for op in evicts)) / timed
         out["hit"] = statistics.mean(x for b in self.batches for x in b["hit"])
         out["nodes"] = len(self.c.tree.nodes) - 1
         return out
@@ -252,12 +289,12 @@ def main() -> None:
           f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
           f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}")
     for r, s, cl in zip(runs, sums, closes, strict=True):
-        ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}" for op in (*OPS, "request")
-                       if op in s)
+        ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
+                       for op in (*_ops_in(r.batches), "request"))
         print(f"  {r.label:>9}: nodes {s['nodes']}, resident tokens {r.resident}, hit "
               f"{s['hit']:.3f}, fill {r.fill_requests} req in {r.fill_s:.1f} s")
         print(f"             {ops}")
-        tail = max(s[op][1] / s[op][0] for op in (*OPS, "request") if op in s)
+        tail = max(s[op][1] / s[op][0] for op in (*_ops_in(r.batches), "request"))
         print(f"             req/s {s['req_s']:.0f}, ops/s {s['ops_s']:.0f}, worst p99/median "
               f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV")
         if r.tel is not None:

@@ -21,6 +21,8 @@ from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, HOST, RESIDENT
 from radixscope.cache.tree import Node
 
+assert RESIDENT == (DEVICE, HOST), "is_useless checks the resident tiers by name"
+
 
 class _Acc:
     """What one eviction call did, in order."""
@@ -61,8 +63,22 @@ def _post_order(node: Node) -> list[Node]:
 
 def is_useless(node: Node) -> bool:
     """A node some component can never accept as a match end (no data on a resident tier;
-    pages in L3 are found by hashing, not through the node)."""
-    return any(all(d.values[t] is None for t in RESIDENT) for d in node.data)
+    pages in L3 are found by hashing, not through the node). A plain loop: this runs on every
+    victim's parent (a third of the cost of nested generators)."""
+    for d in node.data:
+        v = d.values
+        if v[DEVICE] is None and v[HOST] is None:
+            return True
+    return False
+
+
+def _pinned(node: Node) -> bool:
+    """Whether any component holds a pin (lock ref or host ref) on ``node``."""
+    for d in node.data:
+        for r in d.refs:
+            if r:
+                return True
+    return False
 
 
 class Eviction(CacheCore):
@@ -138,7 +154,7 @@ class Eviction(CacheCore):
             acc.demoted.append(node.id)
             return True
         subtree = _post_order(node)
-        if any(any(d.refs) for n in subtree for d in n.data):
+        if any(_pinned(n) for n in subtree):
             return False  # a pinned host-only descendant: leave this node resident
         acc.evicted.append(node.id)
         parent = node.parent
@@ -152,7 +168,7 @@ class Eviction(CacheCore):
         """Walk up deleting childless useless nodes. Stops at the root and at any node with a
         lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
         while (node.parent is not None and not node.children and is_useless(node)
-               and not any(any(d.refs) for d in node.data)):
+               and not _pinned(node)):
             parent = node.parent
             acc.add(self.delete(node, acc.defer, tier)[tier])
             acc.deleted.append(node.id)

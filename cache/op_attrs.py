@@ -2,7 +2,8 @@
 Telemetry maps them onto span attributes; see docs/telemetry.md.
 
 ``OP_ATTRS[op](cache, out, args)`` builds one op's attributes from its result and the
-arguments its implementation was called with (one table lookup per op on the hot path)."""
+arguments its implementation was called with (one table lookup per op on the hot path): a
+tuple in ``events.OP_FIELDS[op]`` order (``events.attrs_dict`` names it), a dict for prefetch."""
 
 from __future__ import annotations
 
@@ -11,62 +12,57 @@ from collections.abc import Callable
 from radixscope.cache import events as ev
 
 
-def _match(cache, out, args) -> dict:
-    a = {ev.A_KEY_TOKENS: out.key_len, ev.A_DEVICE_TOKENS: out.device_prefix_len,
-         ev.A_HOST_TOKENS: out.host_hit_length, ev.A_SWA_HOST_TOKENS: out.swa_host_hit_length,
-         ev.A_MAMBA_HOST: out.mamba_host_hit_length, ev.A_NODE: out.last_device_node,
-         ev.A_BEST_NODE: out.best_match_node, ev.A_EXTRA_KEY: out.extra_key}
-    if out.prefetch_status != "off":
-        a[ev.A_PREFETCH_STATUS] = out.prefetch_status
-        a[ev.A_PREFETCH_ASKED] = out.prefetch_tokens
-        a[ev.A_STORAGE_HIT] = out.storage_hit_length
-    return a
+def _match(cache, out, args) -> tuple:
+    if out.prefetch_status == "off":
+        return (out.key_len, out.device_prefix_len, out.host_hit_length, out.swa_host_hit_length,
+                out.mamba_host_hit_length, out.last_device_node, out.best_match_node,
+                out.extra_key)
+    return (out.key_len, out.device_prefix_len, out.host_hit_length, out.swa_host_hit_length,
+            out.mamba_host_hit_length, out.last_device_node, out.best_match_node, out.extra_key,
+            out.prefetch_status, out.prefetch_tokens, out.storage_hit_length)
 
 
-def _insert(cache, out, args) -> dict:
-    return {ev.A_KEY_TOKENS: out.key_len, ev.A_PREFIX_LEN: out.prefix_len,
-            ev.A_NEW_TOKENS: out.new_tokens, ev.A_NODE: out.last_node}
+def _insert(cache, out, args) -> tuple:
+    return (out.key_len, out.prefix_len, out.new_tokens, out.last_node)
 
 
-def _lock(cache, out, args) -> dict:
-    return {ev.A_RECEIPT: out.receipt_id, ev.A_NODE: out.anchor, ev.A_OWNER: out.owner,
-            ev.A_NODES: len(out.skipped)}
+def _lock(cache, out, args) -> tuple:
+    return (out.receipt_id, out.anchor, out.owner, len(out.skipped))
 
 
-def _release(cache, out, args) -> dict:
+def _release(cache, out, args) -> tuple:
     entry = args[0]
-    return {ev.A_RECEIPT: entry.receipt_id, ev.A_NODE: entry.anchor, ev.A_OWNER: entry.owner}
+    return (entry.receipt_id, entry.anchor, entry.owner)
 
 
-def _alloc(cache, out, args) -> dict:
-    return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out.numel()}
+def _alloc(cache, out, args) -> tuple:
+    return (cache.comps[args[0]].name, out.numel())
 
 
-def _free(cache, out, args) -> dict:
-    return {ev.A_COMPONENT: cache.comps[args[0]].name, ev.A_TOKENS: out}
+def _free(cache, out, args) -> tuple:
+    return (cache.comps[args[0]].name, out)
 
 
-def _evict(cache, out, args) -> dict:
+def _evict(cache, out, args) -> tuple:
     name = cache.comps[args[0]].name
-    return {ev.A_COMPONENT: name, ev.A_REQUESTED: out.requested,
-            ev.A_FREED_TOKENS: out.freed_of(name), ev.A_FREED: dict(out.freed),
-            ev.A_NODES: len(out.evicted_nodes)}
+    freed = dict(out.freed)
+    return (name, out.requested, freed.get(name, 0), freed, len(out.evicted_nodes))
 
 
-def _backup(cache, out, args) -> dict:
-    return {ev.A_TRANSFER: out, ev.A_NODE: args[0].id}
+def _backup(cache, out, args) -> tuple:
+    return (out, args[0].id)
 
 
-def _load_back(cache, out, args) -> dict:
-    return {ev.A_NODE: out.anchor, ev.A_TRANSFER: out.transfer_id,
-            ev.A_TOKENS: out.loaded_of(cache.comps[0].name), ev.A_FREED: dict(out.loaded)}
+def _load_back(cache, out, args) -> tuple:
+    loaded = dict(out.loaded)
+    return (out.anchor, out.transfer_id, loaded.get(cache.comps[0].name, 0), loaded)
 
 
 def _prefetch(cache, out, args) -> dict:
     return dict(cache._pf_attrs)
 
 
-OP_ATTRS: dict[str, Callable[..., dict]] = {
+OP_ATTRS: dict[str, Callable[..., tuple | dict]] = {
     ev.OP_MATCH: _match, ev.OP_INSERT: _insert, ev.OP_LOCK: _lock, ev.OP_UNLOCK: _release,
     ev.OP_RELEASE_SWA: _release, ev.OP_ALLOC: _alloc, ev.OP_FREE: _free, ev.OP_EVICT: _evict,
     ev.OP_EVICT_HOST: _evict, ev.OP_BACKUP: _backup, ev.OP_LOAD_BACK: _load_back,

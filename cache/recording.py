@@ -15,9 +15,7 @@ from opentelemetry import context as otel_context
 from radixscope.cache import events as ev
 from radixscope.cache.events import NULL_RECORDER, Recorder
 from radixscope.cache.op_attrs import OP_ATTRS
-from radixscope.cache.tiers import RESIDENT, TIER_LABELS
-
-_N_RESIDENT = len(RESIDENT)  # values past these (STORAGE) are StoredPages: their own numel
+from radixscope.cache.tiers import N_TIERS, TIER_LABELS
 
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node
@@ -25,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("radixscope.cache")
 _time_ns = time.time_ns
 _COMP_STATE = ev.COMP_STATE
+assert N_TIERS == 3, "_emit_state unrolls DEVICE, HOST, STORAGE"
 _POOL_AVAILABLE = ev.POOL_AVAILABLE
 
 
@@ -188,14 +187,13 @@ class Recording:
             d = node.data[ci]
             self.seq = seq = self.seq + 1
             size = self._sizes[ci]
-            # one plain loop (no comprehensions or slices: 0.6 us instead of 1.1 per state)
-            lens = []
-            t = 0
-            for v in d.values:
-                lens.append(None if v is None else size(v) if t < _N_RESIDENT else v.numel())
-                t += 1
-            self._muts.append((seq, self._cur_op, _COMP_STATE, node.id, self.comps[ci].name,
-                               None, (tuple(lens), tuple(d.refs))))
+            # the three tiers unrolled (DEVICE, HOST: slot tensors; STORAGE: StoredPages, their
+            # own numel): 0.35 us a state instead of 0.65 for a loop
+            dv, hv, sv = d.values
+            self._muts.append((seq, self._cur_op, _COMP_STATE, node.id, self.comps[ci].name, None,
+                               ((None if dv is None else size(dv),
+                                 None if hv is None else size(hv),
+                                 None if sv is None else sv.numel()), tuple(d.refs))))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 
 from radixscope.cache import events as ev
 from radixscope.cache.errors import InvariantViolation
-from radixscope.cache.events import OpRecord, Recorder
+from radixscope.cache.events import OpRecord, Recorder, named_op
 from radixscope.cache.tiers import TIER_LABELS
 
 
@@ -47,7 +47,7 @@ class CountingRecorder(Recorder):
     @property
     def last_op(self) -> OpRecord | None:
         """The latest op record, named."""
-        return None if self._last_op is None else OpRecord._make(self._last_op)
+        return None if self._last_op is None else named_op(self._last_op)
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
         """Tally one op (a plain tuple in ``OpRecord`` order) and forward it."""

@@ -22,7 +22,7 @@ import collections
 from collections.abc import Iterable
 from typing import Any
 
-from radixscope.cache.events import FlightRecorder, Mutation, OpRecord
+from radixscope.cache.events import FlightRecorder, Mutation, OpRecord, named_op
 from radixscope.cache.snapshot import CacheSnapshot, SnapshotBuilder
 
 
@@ -108,7 +108,7 @@ class KeyframedFlightRecorder(FlightRecorder):
         """
         with self._lock:
             start = self.base.snapshot() if self.base is not None else None
-            ops = [OpRecord._make(o) for o in self.ops]
+            ops = [named_op(o) for o in self.ops]
             muts = [Mutation._make(m) for m in self.mutations]
         if n_ops is not None:
             ops = ops[-n_ops:]

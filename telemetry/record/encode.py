@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import propagation as _propagation
 
 from radixscope.cache.events import NODE_CREATE as _NODE_CREATE
-from radixscope.cache.events import OpRecord
+from radixscope.cache.events import OpRecord, attrs_dict
 
 
 class CompactOp(NamedTuple):
@@ -175,7 +175,7 @@ def decode_records(blobs: list[bytes]) -> tuple[list[CompactOp], list[tuple]]:
     for blob in blobs:
         for oid, name, start, end, req, par, sf, sl, attrs, err, ms in decode(blob):
             ops.append(new(CompactOp, (oid, name, start, end, req, par[0], par[1], par[2],
-                                       par[3], sf, sl, attrs if attrs is not None else {},
+                                       par[3], sf, sl, attrs_dict(name, attrs),
                                        err)))
             if ms:
                 muts.extend(ms)
@@ -204,13 +204,13 @@ def with_token_arrays(muts: list) -> list:
 
 def named_records(records: list[tuple]) -> list[tuple[OpRecord, list[tuple]]]:
     """``OpRecord`` s (``context=None``) with their mutations, from compact records."""
-    return [(OpRecord(oid, name, start, end, req, None, sf, sl, attrs or {}, err),
+    return [(OpRecord(oid, name, start, end, req, None, sf, sl, attrs_dict(name, attrs), err),
              with_token_arrays(list(ms or ())))
             for oid, name, start, end, req, _par, sf, sl, attrs, err, ms in records]
 
 
 def _plain_record(rec: tuple) -> tuple:
-    attrs = {str(k): _plain(v) for k, v in (rec[8] or {}).items()}
+    attrs = {str(k): _plain(v) for k, v in attrs_dict(rec[1], rec[8]).items()}
     muts = [tuple(m[:6]) + (_plain(m[6]),) for m in rec[10]]
     return (*rec[:8], attrs, rec[9], muts)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.events import attrs_dict
 from radixscope.cache.tiers import Tier
 from radixscope.engine.admit import Admitter
 from radixscope.engine.engine import Engine, EngineConfig
@@ -156,7 +157,8 @@ class _AllocLog(CountingRecorder):
         if op[1] == "alloc" and op[9]:
             self.failed.append((self.engine.step_no, op[4], op[9].split(":")[0]))
         elif op[1] == "alloc":
-            self.allocs.append((self.engine.step_no, op[4], op[8]["component"], op[8]["tokens"]))
+            attrs = attrs_dict(op[1], op[8])
+            self.allocs.append((self.engine.step_no, op[4], attrs["component"], attrs["tokens"]))
         super().record(op, mutations)
 
 
