@@ -103,11 +103,12 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
     short = n - c.available()
     if short > 0:
         e0 = clock()
-        c.evict(short)
+        out = c.evict(short)
         e1 = clock()
         calls += 1
         if timed is not None:
             timed.append(("evict", e1 - e0))
+            t.setdefault("victims", []).append(len(set(out.evicted_nodes) | set(out.deleted)))
     aux = []
     if "swa" in comps:
         aux.append(("swa", n))
@@ -164,7 +165,7 @@ def _timed_evict(c: HiRadixCache, k: int, comp: str, timed: list | None) -> None
 def _ops_in(batches: list[dict]) -> list[str]:
     """The timed ops of a run, in ``OPS`` order then the per-component ones (sorted)."""
     seen = {op for b in batches for op, v in b.items() if isinstance(v, list) and v}
-    seen -= {"request", "hit"}
+    seen -= {"request", "hit", "victims"}
     return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
 
 
@@ -225,7 +226,7 @@ class Run:
     def batch(self, requests: int) -> None:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
-        t = {k: [] for k in (*OPS, "request", "hit")}
+        t = {k: [] for k in (*OPS, "request", "hit", "victims")}
         ops = 0
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
@@ -258,6 +259,15 @@ class Run:
         timed = sum(sum(best[op]) for op in ("match", "insert", *evicts)) / 1e9
         out["ops_s"] = (2 * best["n"] + sum(len(best[op]) for op in evicts)) / timed
         out["hit"] = statistics.mean(x for b in self.batches for x in b["hit"])
+        # FULL evict calls by the nodes they removed (evicted + tombstone ancestors deleted):
+        # the call's cost follows them, so its tail is the workload's spread of victims
+        calls = [(v, ns) for b in self.batches
+                 for v, ns in zip(b.get("victims", ()), b.get("evict", ()), strict=True)]
+        if calls:
+            vs = sorted(v for v, _ in calls)
+            per = sorted(ns / max(1, v) for v, ns in calls)
+            out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
+            out["per_victim"] = (statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
         out["nodes"] = len(self.c.tree.nodes) - 1
         return out
 
@@ -305,6 +315,12 @@ def main() -> None:
         print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "
               f"{t['ops_s'] / b['ops_s']:.3f}, request median "
               f"{t['request'][0] / b['request'][0]:.3f}")
+    for r, s in zip(runs, sums, strict=True):
+        if "victims" in s:
+            print(f"  {r.label} FULL evict: nodes removed per call median {s['victims'][0]:.0f} / "
+                  f"p99 {s['victims'][1]:.0f}; us per node removed {s['per_victim'][0]:.1f} / "
+                  f"{s['per_victim'][1]:.1f} (p99/median "
+                  f"{s['per_victim'][1] / s['per_victim'][0]:.2f})")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
 

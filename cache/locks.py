@@ -40,10 +40,7 @@ class Locks(CacheCore):
         pins, skipped = self.lock_pins(n)
         rid = self.acquire(n, DEVICE, pins, owner)
         # the lock entry holds the pinned ids per component, in component order
-        comps = self.comps
-        return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE,
-                           tuple([(comps[ci].name, tuple(ids))
-                                  for ci, ids in self.locks[rid].pins.items()]),
+        return LockReceipt(rid, n.id, owner, ev.TIER_DEVICE, self.named_pins(self.locks[rid]),
                            tuple([x.id for x in skipped]), False, self.instance)
 
     def _entry_of(self, receipt) -> LockEntry:

@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 
 
 class LockEntry:
-    """A live lock: the nodes pinned per component index (bottom-up order)."""
+    """A live lock: the nodes pinned per component index (bottom-up order). ``named``: the pins
+    as records and receipts name them (``((component, (node ids)), ...)``), kept while
+    ``pins`` is unchanged (a split or a partial release sets it to None)."""
 
-    __slots__ = ("receipt_id", "owner", "anchor", "tier", "pins")
+    __slots__ = ("receipt_id", "owner", "anchor", "tier", "pins", "named")
 
     def __init__(self, receipt_id: int, owner: str | None, anchor: int, tier: int,
                  pins: dict[int, list[int]]) -> None:
@@ -29,6 +31,7 @@ class LockEntry:
         self.anchor = anchor
         self.tier = tier
         self.pins = pins
+        self.named: tuple | None = None
 
 
 class Pins:
@@ -67,8 +70,16 @@ class Pins:
             if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
-            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier], (rid, owner, self._pins_out(entry)))
+            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier],
+                    (rid, owner, self.named_pins(entry)))
         return rid
+
+    def named_pins(self, entry: LockEntry) -> tuple:
+        """``entry``'s pins as records and receipts name them (built once while unchanged)."""
+        out = entry.named
+        if out is None:
+            out = entry.named = self._pins_out(entry)
+        return out
 
     def _pins_out(self, entry: LockEntry, cis=None) -> tuple:
         # entry.pins is in component order (built from sorted pins; releases only delete)
@@ -80,7 +91,9 @@ class Pins:
         """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that
         keeps the lock live), otherwise all of them, retiring the lock."""
         nodes = self.tree.nodes
-        out = self._pins_out(entry, cis) if self._on else None
+        out = None
+        if self._on:
+            out = self.named_pins(entry) if cis is None else self._pins_out(entry, cis)
         touched: list[Node] = []  # nodes left unpinned on this tier (refreshed: idempotent)
         tier = entry.tier
         for ci, ids in entry.pins.items():  # in component order (``acquire``)
@@ -104,6 +117,7 @@ class Pins:
         for ci in list(entry.pins):
             if cis is None or ci in cis:
                 del entry.pins[ci]
+        entry.named = None
         final = cis is None
         if final:
             del self.locks[entry.receipt_id]

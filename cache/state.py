@@ -202,6 +202,7 @@ class CacheCore(Pins, LeafSets, Recording):
                 ids = entry.pins.get(ci)
                 if ids and child.id in ids:
                     ids.insert(ids.index(child.id) + 1, new.id)
+                    entry.named = None
         for ids in self.transfer_nodes.values():
             if child.id in ids:
                 ids.insert(ids.index(child.id) + 1, new.id)
