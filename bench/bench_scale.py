@@ -323,6 +323,32 @@ def main() -> None:
                   f"{s['per_victim'][1] / s['per_victim'][0]:.2f})")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
+    _print_targets(args.scale, runs, sums, closes)
+
+
+def _print_targets(scale: str, runs: list[Run], sums: list[dict], closes: list[float]) -> None:
+    """Issue 17's targets that one run can judge, each with its figure and whether it holds
+    (store bytes per op and the per-evict ratio compare two scales: run both)."""
+    rows = []
+    for r, s in zip(runs, sums, strict=True):
+        op, ratio = max(((op, s[op][1] / s[op][0]) for op in (*_ops_in(r.batches), "request")),
+                        key=lambda x: x[1])
+        rows.append((f"p99 <= 3x median, every op ({r.label})", f"{op} {ratio:.2f}x",
+                     ratio <= 3.0))
+    if scale == "100k":
+        mem = runs[0].mem_per_token
+        rows.append(("memory <= 50 B/resident token", f"{mem:.1f}", mem <= 50))
+    if len(sums) == 2:
+        b, t = sums
+        rows.append(("request with telemetry <= 85 us (median)", f"{t['request'][0]:.1f} us",
+                     t["request"][0] <= 85))
+        ratio = t["ops_s"] / b["ops_s"]
+        rows.append(("telemetry costs <= 5 % of ops/s", f"{(1 - ratio) * 100:.1f} %",
+                     ratio >= 0.95))
+        rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
+    print("  issue 17 targets:")
+    for what, value, ok in rows:
+        print(f"    {'met    ' if ok else 'NOT met'}  {what}: {value}")
 
 
 if __name__ == "__main__":
