@@ -265,9 +265,10 @@ class Run:
                  for v, ns in zip(b.get("victims", ()), b.get("evict", ()), strict=True)]
         if calls:
             vs = sorted(v for v, _ in calls)
-            per = sorted(ns / max(1, v) for v, ns in calls)
+            per = sorted(ns / v for v, ns in calls if v)  # (a call that removed none: skipped)
             out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
-            out["per_victim"] = (statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
+            out["per_victim"] = ((statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
+                                 if per else (0.0, 0.0))
         out["nodes"] = len(self.c.tree.nodes) - 1
         return out
 
@@ -320,7 +321,7 @@ def main() -> None:
             print(f"  {r.label} FULL evict: nodes removed per call median {s['victims'][0]:.0f} / "
                   f"p99 {s['victims'][1]:.0f}; us per node removed {s['per_victim'][0]:.1f} / "
                   f"{s['per_victim'][1]:.1f} (p99/median "
-                  f"{s['per_victim'][1] / s['per_victim'][0]:.2f})")
+                  f"{s['per_victim'][1] / max(1e-9, s['per_victim'][0]):.2f})")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
     _print_targets(args.scale, runs, sums, closes)

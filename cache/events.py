@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from radixscope.cache.tiers import Tier
@@ -117,8 +118,8 @@ A_STORAGE_HIT = "storage_tokens"            # match: host-hit tokens a prefetch 
 
 # ---- op attributes as recorded ----------------------------------------------------------------
 # The hot ops record their attributes as a tuple in ``OP_FIELDS[op]`` order (``op_attrs``
-# builds them: a tuple costs a fraction of a dict to build and to encode, about 5 us a request
-# with telemetry on); the other ops (transfer acks, prefetch hand-backs, failed ops) record a
+# builds them: a tuple costs a fraction of a dict to build and to encode; bench/RESULTS.md,
+# issue 17's fourth round); the other ops (transfer acks, prefetch hand-backs, failed ops) record a
 # dict. ``attrs_dict`` names either; a match appends its prefetch fields only when one was asked.
 OP_FIELDS: dict[str, tuple[str, ...]] = {
     OP_MATCH: (A_KEY_TOKENS, A_DEVICE_TOKENS, A_HOST_TOKENS, A_SWA_HOST_TOKENS, A_MAMBA_HOST,
@@ -144,6 +145,8 @@ def attrs_dict(op: str, attrs: Any) -> dict:
         return attrs
     if not attrs:
         return {}
+    if isinstance(attrs, Mapping):
+        return dict(attrs)
     fields = OP_FIELDS.get(op)
     if fields is None:
         return {str(i): v for i, v in enumerate(attrs)}

@@ -3,9 +3,15 @@ same dict the sinks, the store and crash bundles have always seen."""
 
 from __future__ import annotations
 
+import pytest
+
 from radixscope.cache import CacheConfig, HiRadixCache
 from radixscope.cache import events as ev
+from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import OP_FIELDS, FlightRecorder, attrs_dict, named_op
+from radixscope.cache.op_attrs import OP_ATTRS
+from tests.kits.cachekit import Driver
+from tests.kits.l3kit import storage_cache, wait_prefetch, write_store
 
 
 def _drive() -> tuple[HiRadixCache, FlightRecorder, dict]:
@@ -84,3 +90,61 @@ def test_attrs_dict_passes_dicts_and_names_unknown_ops_by_position() -> None:
     assert attrs_dict("no-such-op", (7, "x")) == {"0": 7, "1": "x"}
     full = tuple(range(11))
     assert attrs_dict(ev.OP_MATCH, full) == dict(zip(OP_FIELDS[ev.OP_MATCH], full, strict=True))
+
+
+def test_every_tuple_op_has_its_fields() -> None:
+    """An op whose builder returns a tuple must be named by ``OP_FIELDS`` (else its attributes
+    would come out by position)."""
+    assert set(OP_ATTRS) - {ev.OP_PREFETCH} == set(OP_FIELDS)
+
+
+def test_a_match_that_asks_a_prefetch_records_all_eleven_fields(tmp_path) -> None:
+    toks = list(range(1, 65))
+    write_store(tmp_path, toks)
+    rec = FlightRecorder()
+    c = storage_cache(tmp_path, recorder=rec, device_tokens=128, host_tokens=256)
+    m = c.match_prefix(toks, req_id="r1", prefetch=True)
+    wait_prefetch(c, "r1")
+    raw = [o for o in rec.ops if o[1] == ev.OP_MATCH][-1]
+    assert len(raw[8]) == len(OP_FIELDS[ev.OP_MATCH]) == 11
+    a = named_op(raw).attrs
+    assert list(a) == list(OP_FIELDS[ev.OP_MATCH])
+    assert a[ev.A_PREFETCH_STATUS] == m.prefetch_status == "started"
+    assert a[ev.A_PREFETCH_ASKED] == m.prefetch_tokens == 64
+    assert a[ev.A_STORAGE_HIT] == m.storage_hit_length
+    c.check()
+
+
+def test_receipts_and_lock_records_name_the_pins_after_a_split() -> None:
+    """A lock entry keeps its pins named once (receipt, ``lock.acquire``, ``lock.release``
+    share them); a split inside the locked path adds a node to the entry, and the release must
+    name it: ``check()`` compares the kept names with the entry."""
+    rec = FlightRecorder()
+    c = HiRadixCache(CacheConfig.preset("full", device_tokens=64, host_tokens=0), recorder=rec)
+    d = Driver(c)
+    d.insert(list(range(1, 17)))
+    m = c.match_prefix(list(range(1, 17)))
+    receipt = c.lock(m.last_device_node, owner="r")
+    assert receipt.pins == (("full", (m.last_device_node,)),)
+    c.match_prefix(list(range(1, 9)) + [99])  # splits the locked node after 8 tokens
+    c.check()
+    ids = tuple(c.locks[receipt.receipt_id].pins[0])
+    assert len(ids) == 2 and ids[0] == m.last_device_node  # the new parent joined the lock
+    c.unlock(receipt)
+    release = [m for m in rec.mutations if m[2] == ev.LOCK_RELEASE][-1]
+    assert release[6][1] == (("full", ids),)  # the release names the new parent too
+    c.check()
+
+
+def test_check_reports_stale_named_pins() -> None:
+    c = HiRadixCache(CacheConfig.preset("full", device_tokens=64, host_tokens=0))
+    Driver(c).insert(list(range(1, 17)))
+    receipt = c.lock(c.match_prefix(list(range(1, 17))).last_device_node, owner="r")
+    entry = c.locks[receipt.receipt_id]
+    entry.named = (("full", (12345,)),)
+    with pytest.raises(InvariantViolation, match="lock.named_pins"):
+        c.check()
+    entry.named = None  # rebuilt on demand
+    c.check()
+    c.unlock(receipt)
+    c.check()
