@@ -8,12 +8,15 @@ match -> lock -> evict when short -> alloc -> insert -> unlock.
 
 Each scale runs two caches in one process, interleaved batch by batch: the baseline (no
 recorder) and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per
-op: median and p99 of the calling thread's CPU time; per request (match + insert + lock +
-unlock) median and p99; req/s; ops/s (match + insert + evict calls per second of their own
-time, as issue 17's table); process memory per resident token beyond the KV buffers (RSS
-delta of building and filling the baseline cache, minus the KV buffers' bytes, divided by the
-tokens resident); store bytes per op (the store's pages after ``close()`` over every cache call
-of the run, fill included) and ``close()`` time.
+op (each cache call timed on its own; an auxiliary component's evict / alloc as
+``evict.<comp>`` / ``alloc.<comp>``): median and p99 of the calling thread's CPU time; per
+request (match + insert + lock + unlock) median and p99; req/s; ops/s (match + insert + evict
+calls per second of their own time, as issue 17's table); process memory per resident token
+beyond the KV buffers (RSS delta of building and filling the baseline cache, minus the KV
+buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
+``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict
+calls by the nodes they removed and the cost per node removed; last, issue 17's targets that
+one run can judge, each ``met`` or ``NOT met``.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
