@@ -16,6 +16,7 @@ component's host copies.
 from __future__ import annotations
 
 from radixscope.cache.components import STATE
+from radixscope.cache.leaves import pinned
 from radixscope.cache.results import EvictResult
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import DEVICE, HOST, RESIDENT
@@ -69,15 +70,6 @@ def is_useless(node: Node) -> bool:
         v = d.values
         if v[DEVICE] is None and v[HOST] is None:
             return True
-    return False
-
-
-def _pinned(node: Node) -> bool:
-    """Whether any component holds a pin (lock ref or host ref) on ``node``."""
-    for d in node.data:
-        for r in d.refs:
-            if r:
-                return True
     return False
 
 
@@ -154,7 +146,7 @@ class Eviction(CacheCore):
             acc.demoted.append(node.id)
             return True
         subtree = _post_order(node)
-        if any(_pinned(n) for n in subtree):
+        if any(pinned(n) for n in subtree):
             return False  # a pinned host-only descendant: leave this node resident
         acc.evicted.append(node.id)
         parent = node.parent
@@ -168,7 +160,7 @@ class Eviction(CacheCore):
         """Walk up deleting childless useless nodes. Stops at the root and at any node with a
         lock_ref or host_ref on any component: a lock or an in-flight transfer still needs it."""
         while (node.parent is not None and not node.children and is_useless(node)
-               and not _pinned(node)):
+               and not pinned(node)):
             parent = node.parent
             acc.add(self.delete(node, acc.defer, tier)[tier])
             acc.deleted.append(node.id)

@@ -23,6 +23,15 @@ if TYPE_CHECKING:
     from radixscope.cache.tree import Node, RadixTree
 
 
+def pinned(node: Node) -> bool:
+    """Whether any component holds a pin (lock ref or host ref) on ``node`` on any tier."""
+    for d in node.data:
+        for r in d.refs:
+            if r:
+                return True
+    return False
+
+
 class LeafSets:
     """The evictable-leaf sets and heaps of FULL, per tier."""
 
@@ -57,7 +66,7 @@ class LeafSets:
             return
         self.d_leaves.discard(nid)
         if (f.values[HOST] is not None and not node.children
-                and not any(any(d.refs) for d in node.data)):
+                and not pinned(node)):
             if nid not in self.h_leaves:
                 self.h_leaves.add(nid)
                 self._file(node, HOST)

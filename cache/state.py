@@ -2,9 +2,10 @@
 
 ``CacheCore`` owns the tree, the pools, the per-component ledgers (evictable / protected per
 tier), the FULL evictable-leaf heaps (device D-leaves, host H-leaves: ``leaves.py``), the
-auxiliary recency lists, the lock table (its primitives in ``pins.py``) and the recorder. Its primitives (``set_value``, ``acquire``, ``release``,
-``split``, ``delete``, ``touch``) keep all of those in step *and* emit the matching mutation, so
-a state change cannot happen without being recorded. Public operations live in ``hiradix.py``.
+auxiliary recency lists, the lock table and the recorder. Its primitives (``set_value``,
+``split``, ``delete``, ``touch``; ``acquire`` and ``release`` in ``pins.py``) keep all of those
+in step *and* emit the matching mutation, so a state change cannot happen without being
+recorded. Public operations live in ``hiradix.py``.
 """
 
 from __future__ import annotations
