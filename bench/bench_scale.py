@@ -15,8 +15,11 @@ calls per second of their own time, as issue 17's table); process memory per res
 beyond the KV buffers (RSS delta of building and filling the baseline cache, minus the KV
 buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
 ``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict
-calls by the nodes they removed and the cost per node removed; last, issue 17's targets that
-one run can judge, each ``met`` or ``NOT met``.
+calls by the nodes they removed and the cost per node removed; match calls by the depth of the
+device path they walked (a line through each depth's median, and the worst p99/median within
+one depth: the tail that is not the workload's spread of path lengths); last, issue 17's
+targets that one run can judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits
+telemetry's cost into its steps.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
@@ -42,10 +45,13 @@ import torch  # noqa: E402
 
 from radixscope.cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_stats import OPS, by_depth, ops_in, print_targets  # noqa: E402
+
 SCALES = {"1k": 1_000, "100k": 100_000}
 SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
 TOKENS_PER_NODE = 216  # resident tokens per node on this workload (measured)
-OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
+DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buffer
 CLOCK = time.thread_time_ns
 
 
@@ -155,6 +161,9 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
         t["unlock"].append(t6 - t5)
         t["request"].append(t6 - t5 + t5 - t4 + t2 - t0)
         t["hit"].append(m.device_prefix_len / max(1, len(key)))
+        t7 = clock()  # the match's device path depth: left out of the batch's CPU time too
+        t["depth"].append(len(c.tree.path_to_root(c.node(m.last_device_node))))
+        t["aside"].append(clock() - t7)
     return calls
 
 
@@ -163,13 +172,6 @@ def _timed_evict(c: HiRadixCache, k: int, comp: str, timed: list | None) -> None
     c.evict(k, component=comp)
     if timed is not None:
         timed.append((f"evict.{comp}", CLOCK() - e0))
-
-
-def _ops_in(batches: list[dict]) -> list[str]:
-    """The timed ops of a run, in ``OPS`` order then the per-component ones (sorted)."""
-    seen = {op for b in batches for op, v in b.items() if isinstance(v, list) and v}
-    seen -= {"request", "hit", "victims"}
-    return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
 
 
 def rss() -> int:
@@ -181,11 +183,14 @@ class Run:
     """One cache (baseline or full telemetry), filled to its resident size."""
 
     def __init__(self, label: str, nodes: int, comps: tuple[str, ...], telemetry_on: bool,
-                 store_dir: str, freeze: bool) -> None:
+                 store_dir: str, freeze: bool, recorder=None) -> None:
+        """``recorder`` (with ``telemetry_on`` False): a recorder of the caller's with no
+        pipeline behind it (``bench_record_cost.py``); what it buffers is discarded between
+        batches and every ``DISCARD_EVERY`` fill requests, outside every timing."""
         self.label = label
         self.tel = None
         self.store = None
-        recorder = None
+        self.detached = recorder
         gc.collect()
         rss0 = rss()
         if telemetry_on:
@@ -202,9 +207,12 @@ class Run:
         while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
             self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1
+            if i % DISCARD_EVERY == 0:
+                self.discard()
         for _ in range(max(200, nodes // 20)):  # settle into steady-state eviction
             self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1
+        self.discard()
         self.fill_s = time.perf_counter() - t0
         self.fill_requests = i
         gc.collect()
@@ -215,6 +223,14 @@ class Run:
             gc.freeze()
         self.batches: list[dict] = []
         self.store_bytes = 0
+
+    def discard(self) -> None:
+        """Drop what a detached ``TelemetryRecorder`` buffered (its drain thread's part, without
+        shipping it anywhere)."""
+        rec = self.detached
+        if hasattr(rec, "take"):
+            rec.seal()
+            rec.take(1 << 62)
 
     def store_size(self) -> int:
         if self.tel is None:
@@ -229,12 +245,13 @@ class Run:
     def batch(self, requests: int) -> None:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
-        t = {k: [] for k in (*OPS, "request", "hit", "victims")}
+        t = {k: [] for k in (*OPS, "request", "hit", "victims", "depth", "aside")}
         ops = 0
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
             ops += one_request(c, key, t, f"r{k}")
-        cpu = (CLOCK() - cpu0) / 1e9
+        cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
+        self.discard()
         self.ops += ops
         t["cpu"] = cpu
         t["n"] = requests
@@ -252,7 +269,7 @@ class Run:
     def summary(self) -> dict:
         """Pooled over batches: medians / p99 per op; req/s from the best batch (least noise)."""
         out: dict = {}
-        for op in (*_ops_in(self.batches), "request"):
+        for op in (*ops_in(self.batches), "request"):
             v = sorted(x for b in self.batches for x in b.get(op, ()))
             if v:
                 out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
@@ -272,16 +289,23 @@ class Run:
             out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
             out["per_victim"] = ((statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
                                  if per else (0.0, 0.0))
+        out["by_depth"] = by_depth([(d, ns) for b in self.batches
+                                     for d, ns in zip(b["depth"], b["match"], strict=True)])
         out["nodes"] = len(self.c.tree.nodes) - 1
         return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_args(ap: argparse.ArgumentParser, requests: int) -> None:
+    """The options of the workload and its batches (this bench's and ``bench_record_cost``'s)."""
     ap.add_argument("--scale", default="1k", choices=sorted(SCALES))
-    ap.add_argument("--requests", type=int, default=2000, help="requests per batch")
+    ap.add_argument("--requests", type=int, default=requests, help="requests per batch")
     ap.add_argument("--reps", type=int, default=3, help="interleaved batches per cache")
     ap.add_argument("--components", default="full", help="e.g. full,swa or full,swa,mamba")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_args(ap, requests=2000)
     ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
     args = ap.parse_args()
@@ -304,11 +328,11 @@ def main() -> None:
           f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}")
     for r, s, cl in zip(runs, sums, closes, strict=True):
         ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
-                       for op in (*_ops_in(r.batches), "request"))
+                       for op in (*ops_in(r.batches), "request"))
         print(f"  {r.label:>9}: nodes {s['nodes']}, resident tokens {r.resident}, hit "
               f"{s['hit']:.3f}, fill {r.fill_requests} req in {r.fill_s:.1f} s")
         print(f"             {ops}")
-        tail = max(s[op][1] / s[op][0] for op in (*_ops_in(r.batches), "request"))
+        tail = max(s[op][1] / s[op][0] for op in (*ops_in(r.batches), "request"))
         print(f"             req/s {s['req_s']:.0f}, ops/s {s['ops_s']:.0f}, worst p99/median "
               f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV")
         if r.tel is not None:
@@ -325,34 +349,15 @@ def main() -> None:
                   f"p99 {s['victims'][1]:.0f}; us per node removed {s['per_victim'][0]:.1f} / "
                   f"{s['per_victim'][1]:.1f} (p99/median "
                   f"{s['per_victim'][1] / max(1e-9, s['per_victim'][0]):.2f})")
+    for r, s in zip(runs, sums, strict=True):
+        bd = s["by_depth"]
+        if bd:
+            print(f"  {r.label} match by device path depth {bd['depths'][0]}-{bd['depths'][1]}: "
+                  f"{bd['base']:.1f} us + {bd['per_node']:.2f} us a node (medians); worst "
+                  f"p99/median within one depth {bd['worst'][1]:.2f} (depth {bd['worst'][0]})")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
-    _print_targets(args.scale, runs, sums, closes)
-
-
-def _print_targets(scale: str, runs: list[Run], sums: list[dict], closes: list[float]) -> None:
-    """Issue 17's targets that one run can judge, each with its figure and whether it holds
-    (store bytes per op and the per-evict ratio compare two scales: run both)."""
-    rows = []
-    for r, s in zip(runs, sums, strict=True):
-        op, ratio = max(((op, s[op][1] / s[op][0]) for op in (*_ops_in(r.batches), "request")),
-                        key=lambda x: x[1])
-        rows.append((f"p99 <= 3x median, every op ({r.label})", f"{op} {ratio:.2f}x",
-                     ratio <= 3.0))
-    if scale == "100k":
-        mem = runs[0].mem_per_token
-        rows.append(("memory <= 50 B/resident token", f"{mem:.1f}", mem <= 50))
-    if len(sums) == 2:
-        b, t = sums
-        rows.append(("request with telemetry <= 85 us (median)", f"{t['request'][0]:.1f} us",
-                     t["request"][0] <= 85))
-        ratio = t["ops_s"] / b["ops_s"]
-        rows.append(("telemetry costs <= 5 % of ops/s", f"{(1 - ratio) * 100:.1f} %",
-                     ratio >= 0.95))
-        rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
-    print("  issue 17 targets:")
-    for what, value, ok in rows:
-        print(f"    {'met    ' if ok else 'NOT met'}  {what}: {value}")
+    print_targets(args.scale, runs, sums, closes)
 
 
 if __name__ == "__main__":

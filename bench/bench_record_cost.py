@@ -1,0 +1,98 @@
+"""Where full telemetry's cost on the hot path goes (issue 17), in one process.
+
+Four caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
+page size 1), interleaved batch by batch, each a step further along the record path:
+
+- ``baseline``: no recorder;
+- ``cache side``: a recorder that takes each op and drops it: what the cache itself does to
+  record (``_run``'s ids, clock and caller context, the attribute tuple, one tuple per state
+  change);
+- ``recorder``: a ``TelemetryRecorder`` with no drain thread behind it (its buffer dropped
+  between batches): the recorder's call on top (the caller's span ids, one ``marshal``, one
+  append);
+- ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
+
+Printed: each cache's per-op medians (CPU time of the calling thread, us), then each step's
+added cost per op and per request (match + insert + lock + unlock, as issue 17 counts it), and
+each step's share of the baseline's request. The steps are differences of medians on a noisy
+machine: read them to about a microsecond.
+
+    python bench/bench_record_cost.py --scale 1k
+    python bench/bench_record_cost.py --scale 100k --requests 1000 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from bench_scale import SCALES, Run, workload_args  # noqa: E402
+from scale_stats import ops_in  # noqa: E402
+
+from radixscope.cache.events import Recorder  # noqa: E402
+from radixscope.telemetry.record.drops import Health  # noqa: E402
+from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
+
+STEPS = (("cache side", "baseline", "discard"), ("recorder", "discard", "recorder"),
+         ("pipeline", "recorder", "telemetry"))
+
+
+class DiscardRecorder(Recorder):
+    """Enabled, captures the caller's context, keeps nothing: the cache's own share."""
+
+    enabled = True
+    capture_context = True
+
+    def record(self, op: tuple, mutations: list[tuple]) -> None:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_args(ap, requests=1000)
+    args = ap.parse_args()
+    nodes, comps = SCALES[args.scale], tuple(args.components.split(","))
+    torch.set_num_threads(1)
+    detached = TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62)
+    with tempfile.TemporaryDirectory(prefix="bench_record_cost_") as d:
+        runs = {"baseline": Run("baseline", nodes, comps, False, d, False),
+                "discard": Run("cache side", nodes, comps, False, d, False, DiscardRecorder()),
+                "recorder": Run("recorder", nodes, comps, False, d, False, detached),
+                "telemetry": Run("telemetry", nodes, comps, True, d, False)}
+        for _ in range(args.reps):
+            for r in runs.values():
+                r.batch(args.requests)
+        for r in runs.values():
+            r.c.check()
+            r.close()
+        sums = {k: r.summary() for k, r in runs.items()}
+    ops = [op for op in ops_in(runs["baseline"].batches) if all(op in v for v in sums.values())]
+    cols = (*ops, "request")
+    w = [max(8, len(c)) for c in cols]
+
+    def line(label: str, values) -> str:
+        return f"  {label:>12} " + " ".join(f"{v:{n}.1f}" for v, n in zip(values, w, strict=True))
+
+    print(f"scale {args.scale}: components {'+'.join(comps)}, {args.reps} interleaved batches x "
+          f"{args.requests} requests per cache; medians of the calling thread's CPU time, us")
+    print(f"  {'':>12} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True)))
+    for k, r in runs.items():
+        print(line(r.label, [sums[k][c][0] for c in cols]))
+    base = sums["baseline"]["request"][0]
+    print("  added by each step (us), and its share of the baseline's request:")
+    for name, a, b in STEPS:
+        added = [sums[b][c][0] - sums[a][c][0] for c in cols]
+        print(line(name, added) + f"   {added[-1] / base * 100:5.1f} %")
+    total = sums["telemetry"]["request"][0] - base
+    pad = sum(n + 1 for n in w[:-1])
+    print(f"  {'in all':>12} {'':>{pad}}{total:{w[-1]}.1f}   {total / base * 100:5.1f} %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""What ``bench_scale.py`` makes of its timings: the ops a run timed, match calls by path
+depth, and issue 17's targets that one run can judge."""
+
+from __future__ import annotations
+
+import statistics
+
+OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
+DEPTH_MIN = 100  # match calls a path depth needs before its median and p99 are reported
+
+
+def ops_in(batches: list[dict]) -> list[str]:
+    """The timed ops of a run, in ``OPS`` order then the per-component ones (sorted)."""
+    seen = {op for b in batches for op, v in b.items() if isinstance(v, list) and v}
+    seen -= {"request", "hit", "victims", "depth", "aside"}
+    return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
+
+
+def by_depth(calls: list[tuple[int, int]]) -> dict | None:
+    """Match calls by the device path they walked (nodes from the root to the match's last
+    device node): the cost per node (a line through each depth's median) and the worst
+    p99/median within one depth, over depths with at least ``DEPTH_MIN`` calls."""
+    groups: dict[int, list[int]] = {}
+    for d, ns in calls:
+        groups.setdefault(d, []).append(ns)
+    rows = []
+    for d in sorted(groups):
+        v = sorted(groups[d])
+        if len(v) >= DEPTH_MIN:
+            rows.append((d, statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3))
+    if len(rows) < 2:
+        return None
+    slope, base = statistics.linear_regression([r[0] for r in rows], [r[1] for r in rows])
+    worst = max(rows, key=lambda r: r[2] / r[1])
+    return {"depths": (rows[0][0], rows[-1][0]), "base": base, "per_node": slope,
+            "worst": (worst[0], worst[2] / worst[1])}
+
+
+def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float]) -> None:
+    """Issue 17's targets that one run can judge, each with its figure and whether it holds
+    (store bytes per op and the per-evict ratio compare two scales: run both)."""
+    rows = []
+    for r, s in zip(runs, sums, strict=True):
+        op, ratio = max(((op, s[op][1] / s[op][0]) for op in (*ops_in(r.batches), "request")),
+                        key=lambda x: x[1])
+        rows.append((f"p99 <= 3x median, every op ({r.label})", f"{op} {ratio:.2f}x",
+                     ratio <= 3.0))
+    if scale == "100k":
+        mem = runs[0].mem_per_token
+        rows.append(("memory <= 50 B/resident token", f"{mem:.1f}", mem <= 50))
+    if len(sums) == 2:
+        b, t = sums
+        rows.append(("request with telemetry <= 85 us (median)", f"{t['request'][0]:.1f} us",
+                     t["request"][0] <= 85))
+        ratio = t["ops_s"] / b["ops_s"]
+        rows.append(("telemetry costs <= 5 % of ops/s", f"{(1 - ratio) * 100:.1f} %",
+                     ratio >= 0.95))
+        rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
+    print("  issue 17 targets:")
+    for what, value, ok in rows:
+        print(f"    {'met    ' if ok else 'NOT met'}  {what}: {value}")
