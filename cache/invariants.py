@@ -61,9 +61,9 @@ class Invariants:
         # ---- lock table recount ----------------------------------------------------------------
         lock_count = {}
         for entry in self.locks.values():
-            if entry.named is not None and entry.named != self._pins_out(entry):
+            if entry.named is not None and entry.named != (pinned := self._pins_out(entry)):
                 v.append(("lock.named_pins", entry.anchor, f"receipt {entry.receipt_id} names "
-                          f"{entry.named} but pins {self._pins_out(entry)}"))
+                          f"{entry.named} but pins {pinned}"))
             for ci, ids in entry.pins.items():
                 for nid in ids:
                     if nid not in tree.nodes:
