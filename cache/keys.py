@@ -95,28 +95,6 @@ def check_namespace(extra_key: object) -> object:
     return extra_key
 
 
-def match_len(a: array, a_off: int, b: array, page_size: int) -> int:
-    """Length of the common prefix of ``a[a_off:]`` and ``b``, rounded down to whole pages.
-
-    Compares slices in C, galloping then bisecting, so long keys cost O(log n) slice compares."""
-    n = min(len(a) - a_off, len(b))
-    if a[a_off:a_off + n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
-    step = page_size
-    while step < hi and a[a_off:a_off + step] == b[:step]:
-        lo = step
-        step *= 2
-    hi = min(step, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[a_off:a_off + mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo - lo % page_size
-
-
 def child_key(tokens: array, offset: int, page_size: int) -> object:
     """The key a child is filed under in its parent: its first page (an int when page_size 1,
     else a tuple of ints)."""

@@ -11,14 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_MAX = np.maximum.reduce  # the ufunc itself: ``ndarray.max`` adds a Python-level wrapper
-try:  # the C function itself: ``np.count_nonzero`` adds two Python-level calls (its dispatcher)
-    from numpy._core.multiarray import count_nonzero as _count
-except ImportError:  # numpy 1.x
-    try:
-        from numpy.core.multiarray import count_nonzero as _count
-    except ImportError:
-        _count = np.count_nonzero
+from radixscope.cache import native
+from radixscope.cache.native import _MAX, _count
+from radixscope.cache.native import distinct as _distinct
 
 
 def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -27,13 +22,6 @@ def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
     if type(indices) is np.ndarray:
         return indices
     return indices.numpy() if indices.is_cpu else indices.cpu().numpy()
-
-
-def _distinct(pages: np.ndarray) -> bool:
-    if pages.size < 2:
-        return True
-    s = np.sort(pages)
-    return not _count(s[1:] == s[:-1])
 
 
 class SlotAllocator:
@@ -64,6 +52,7 @@ class SlotAllocator:
         self._top = self.num_pages
         self._used = np.zeros(self.num_pages, dtype=np.uint8)
         self._tree = np.zeros(self.num_pages, dtype=np.uint8)  # 1: a tree node holds the page
+        self._seen = np.zeros(-(-self.num_pages // 8), dtype=np.uint8)  # check_split's scratch
         self._offsets = np.arange(page_size, dtype=np.int64)
 
     @property
@@ -198,19 +187,15 @@ class SlotAllocator:
     def check_split(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
         """``check_tree_owned(indices[:split], below)`` and ``check_request_held(indices[split:],
         above)`` in one pass (insert's guard: the tree's slots below ``prev_prefix_len``, the
-        request's from there on): one range check and one gather of the tree marks for both.
-        Raises what those raise, before any change."""
-        if self.page_size != 1 or not indices.size:
-            self._check_split_slow(indices, split, below, above)
-            return
-        if _MAX(indices.view(np.uint64)) >= self.num_pages:
-            self._check_split_slow(indices, split, below, above)  # raises: out of range
-            return
-        tree = self._tree[indices]
-        hi = indices[split:]
-        if (_count(tree[:split]) != split or _count(tree[split:])
-                or _count(self._used[hi]) != hi.size or not _distinct(hi)):
-            self._check_split_slow(indices, split, below, above)
+        request's from there on): ``native.check_split``, one C loop over the slots and the
+        marks. Raises what those raise, before any change."""
+        try:
+            ok = self.page_size == 1 and native.check_split(indices, split, self._used,
+                                                            self._tree, self._seen)
+        except (BufferError, TypeError, ValueError):  # a strided buffer: the slow path settles it
+            ok = False
+        if not ok:
+            self._check_split_slow(indices, split, below, above)  # raises, naming the slot
 
     def _check_split_slow(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
         if split:

@@ -11,7 +11,8 @@ from array import array
 
 import torch
 
-from radixscope.cache.keys import child_key, empty_key, match_len
+from radixscope.cache.keys import child_key, empty_key
+from radixscope.cache.native import common_len
 from radixscope.cache.tiers import per_tier
 
 ROOT_ID = 0
@@ -79,17 +80,17 @@ class RadixTree:
                 ) -> tuple[Node, int] | None:
         """The child of ``node`` that ``tokens[off:]`` enters and how many of its tokens match
         (page-rounded, > 0), or None. No mutation. The one descent step every walk uses
-        (match, insert, the insert guard): a whole-node match is one C compare of array
-        slices; only a partial one pays for the galloping ``match_len``."""
+        (match, insert, the insert guard): the key compare is ``native.common_len``, one C
+        pass over the two buffers (no slice copies)."""
         ps = self.page_size
         ck = tokens[off] if ps == 1 else tuple(tokens[off:off + ps])
         child = node.children.get((extra_key, ck) if node.parent is None else ck)
         if child is None:
             return None
         key = child.key
-        k = len(key)
-        if tokens[off:off + k] != key:
-            k = match_len(tokens, off, key, ps)
+        k = common_len(tokens, off, key)
+        if k < len(key):
+            k -= k % ps
             if not k:
                 return None
         return child, k

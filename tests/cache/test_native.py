@@ -1,0 +1,165 @@
+"""The native kernels (``cache/_native.c``) against their pure-Python versions (``cache/native.py``):
+the same answer on random and edge inputs, the guard's scratch bitmap left zeroed, bad buffers
+refused; in CI (``RADIXSCOPE_REQUIRE`` names ``native``) the module must have been built; and the
+cache's scenarios pass on the pure versions too (``RADIXSCOPE_NATIVE=0``, in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixscope.cache import HiRadixCache, native
+from tests.kits.cachekit import make_config
+from tests.kits.require import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+C = native._native
+
+
+def needs_native() -> None:
+    if C is None:
+        missing("native", "the native kernels were not built (no C compiler at install, or "
+                "RADIXSCOPE_NATIVE=0)")
+
+
+def test_the_cache_runs_on_the_native_kernels_when_they_are_built() -> None:
+    needs_native()
+    assert native.KERNELS == "native"
+    assert native.check_split is C.check_split and native.common_len is C.common_len
+
+
+def _marks(pages: int, tree: list[int], used: list[int]) -> tuple[np.ndarray, ...]:
+    u = np.zeros(pages, np.uint8)
+    t = np.zeros(pages, np.uint8)
+    u[used] = 1
+    u[tree] = 1
+    t[tree] = 1
+    return u, t, np.zeros(-(-pages // 8), np.uint8)
+
+
+def _both_check_split(idx: list[int], split: int, u, t, seen) -> bool:
+    a = np.array(idx, dtype=np.int64)
+    want = native.check_split_py(a, split, u, t, seen)
+    got = C.check_split(a, split, u, t, seen)
+    assert got is want, (idx, split)
+    assert not seen.any(), "the scratch bitmap must be left zeroed"
+    return got
+
+
+@given(pages=st.integers(1, 70), data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_check_split_agrees_with_the_pure_version(pages: int, data) -> None:
+    needs_native()
+    tree = data.draw(st.lists(st.integers(0, pages - 1), max_size=pages, unique=True))
+    used = data.draw(st.lists(st.integers(0, pages - 1), max_size=pages, unique=True))
+    u, t, seen = _marks(pages, tree, used)
+    pool = st.integers(-3, pages + 3)
+    # mostly well-formed: tree pages, then request-held ones; sometimes anything at all
+    lo = data.draw(st.lists(st.sampled_from(tree) if tree else pool, max_size=12))
+    held = sorted(set(used) - set(tree))
+    hi = data.draw(st.lists(st.sampled_from(held) if held else pool, max_size=12))
+    if data.draw(st.booleans()):
+        hi = hi + data.draw(st.lists(pool, max_size=3))
+    _both_check_split(lo + hi, data.draw(st.integers(0, len(lo) + len(hi))), u, t, seen)
+
+
+def test_check_split_edge_cases() -> None:
+    needs_native()
+    u, t, seen = _marks(16, tree=[0, 1, 2], used=[5, 6, 7, 15])
+    assert _both_check_split([], 0, u, t, seen)
+    assert _both_check_split([0, 1, 2, 5, 6, 15], 3, u, t, seen)
+    assert _both_check_split([2, 2, 5], 2, u, t, seen)  # a tree page named twice below: allowed
+    assert not _both_check_split([0, 1, 5, 6, 5], 2, u, t, seen)  # a held page named twice
+    assert not _both_check_split([0, 5], 2, u, t, seen)  # a held page below the split
+    assert not _both_check_split([0, 1], 1, u, t, seen)  # a tree page above it
+    assert not _both_check_split([0, 8], 1, u, t, seen)  # a free page above it
+    assert not _both_check_split([0, 16], 1, u, t, seen)  # out of range
+    assert not _both_check_split([0, -1], 1, u, t, seen)  # negative: out of range, no wrap
+    assert not _both_check_split([-(1 << 63)], 0, u, t, seen)
+    assert _both_check_split([5, 6, 7], 0, u, t, seen)
+    assert _both_check_split([0, 1, 2], 3, u, t, seen)
+
+
+def test_check_split_refuses_bad_buffers() -> None:
+    needs_native()
+    u, t, seen = _marks(16, tree=[0], used=[1])
+    idx = np.array([0, 1], np.int64)
+    with pytest.raises(TypeError, match="indices"):
+        C.check_split(idx.astype(np.int32), 1, u, t, seen)
+    with pytest.raises(ValueError, match="seen"):
+        C.check_split(idx, 1, u, t, seen[:1])
+    with pytest.raises(ValueError, match="tree"):
+        C.check_split(idx, 1, u, t[:8], seen)
+    with pytest.raises(ValueError, match="contiguous"):
+        C.check_split(np.arange(8, dtype=np.int64)[::2], 1, u, t, seen)  # strided
+    with pytest.raises(BufferError):
+        C.check_split(idx, 1, u, t, bytes(2))  # read-only scratch
+
+
+KEY = st.lists(st.integers(0, 3), max_size=40)
+
+
+@given(a=KEY, b=KEY, off=st.integers(0, 45))
+@settings(max_examples=400, deadline=None)
+def test_common_len_agrees_with_the_pure_version(a: list[int], b: list[int], off: int) -> None:
+    needs_native()
+    aa, bb = array("Q", a), array("Q", b)
+    want = native.common_len_py(aa, off, bb)
+    assert C.common_len(aa, off, bb) == want
+    assert want == next((i for i, (x, y) in enumerate(zip(a[off:], b, strict=False)) if x != y),
+                        min(max(0, len(a) - off), len(b)))
+
+
+def test_common_len_edges() -> None:
+    needs_native()
+    big = array("Q", [2**64 - 1, 7, 8])
+    assert C.common_len(big, 0, array("Q", [2**64 - 1, 7])) == 2
+    assert C.common_len(big, 1, array("Q", [7, 9])) == 1
+    assert C.common_len(big, 3, big) == 0
+    for f in (C.common_len, native.common_len_py):
+        with pytest.raises(ValueError, match="a_off=-1"):
+            f(big, -1, big)
+    with pytest.raises(TypeError, match="b"):
+        C.common_len(big, 0, array("I", [1]))
+
+
+def test_insert_takes_strided_slots_and_still_guards_them() -> None:
+    """A strided slot tensor (a view the C kernel cannot read whole) goes through the guard's
+    numpy path: accepted when right, refused naming the slot when not."""
+    c = HiRadixCache(make_config(("full",), device_tokens=32, host_tokens=0))
+    wide = torch.zeros(8, dtype=torch.int64)
+    wide[::2] = c.alloc(4)
+    c.insert([1, 2, 3, 4], wide[::2])
+    c.check()
+    assert c.match_prefix([1, 2, 3, 4]).device_indices.tolist() == wide[::2].tolist()
+    again = torch.zeros(8, dtype=torch.int64)
+    again[::2] = wide[::2]  # the tree's slots handed over as the request's
+    with pytest.raises(ValueError, match="device_indices"):
+        c.insert([5, 6, 7, 8], again[::2])
+    c.check()
+
+
+def test_the_cache_runs_the_same_on_the_pure_kernels() -> None:
+    """Without the module (as on a machine with no C compiler) the cache's scenarios, guards and
+    seeded random sequences pass unchanged."""
+    env = {**os.environ, "RADIXSCOPE_NATIVE": "0"}
+    probe = subprocess.run([sys.executable, "-c", "from radixscope.cache import native; "
+                            "print(native.KERNELS)"], env=env, capture_output=True, text=True,
+                           check=True)
+    assert probe.stdout.strip() == "python"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          "tests/cache/test_cache_scenarios.py", "tests/cache/test_cache_bad_input.py",
+                          "tests/cache/test_seed_bugs.py", "tests/cache/test_cache_correctness.py",
+                          "tests/cache/test_native.py::test_insert_takes_strided_slots_and_still_guards_them"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout
