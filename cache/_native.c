@@ -1,8 +1,8 @@
 /* Native kernels of the cache's hot path (``radixscope.cache._native``).
 
-Two loops that cost a request most when written as numpy / array calls, each one C pass with no
-temporaries: insert's slot guard (``check_split``) and the key compare of a descent step
-(``common_len``). ``cache/native.py`` loads this module and holds the pure-Python versions they
+The loops that cost a request most when written as numpy / array calls, each one C pass with no
+temporaries: insert's slot guard (``check_split``), the key compare of a descent step
+(``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``). ``cache/native.py`` loads this module and holds the pure-Python versions they
 must agree with (tests/cache/test_native.py checks that on random and edge inputs); the cache runs
 on those when the module is not built. Both take buffers (numpy arrays, ``array('Q')``), read
 them under the GIL and never call back into Python. */
@@ -147,15 +147,175 @@ common_len(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(k);
 }
 
+/* The free stack holds int32 page ids while they fit, int64 beyond. */
+static inline int64_t
+stack_get(const Py_buffer *st, Py_ssize_t i)
+{
+    return st->itemsize == 4 ? ((const int32_t *)st->buf)[i] : ((const int64_t *)st->buf)[i];
+}
+
+static inline void
+stack_set(Py_buffer *st, Py_ssize_t i, uint64_t v)
+{
+    if (st->itemsize == 4)
+        ((int32_t *)st->buf)[i] = (int32_t)v;
+    else
+        ((int64_t *)st->buf)[i] = (int64_t)v;
+}
+
+static int
+get_stack(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if ((view->itemsize != 4 && view->itemsize != 8) || view->ndim > 1) {
+        PyErr_Format(PyExc_TypeError, "stack: expected a 1-D buffer of 4- or 8-byte items, got "
+                     "itemsize %zd, ndim %d", view->itemsize, view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(alloc_pages_doc,
+"alloc_pages(stack, top, out, used) -> int | None\n\n"
+"Pop ``len(out)`` pages off the free stack ``stack[:top]`` (the top first) into ``out``\n"
+"(int64) and mark them used. Returns None, or, changing nothing, the first popped page that\n"
+"is already used or out of range (a corrupted allocator). ``len(out) <= top`` or ValueError.");
+
+static PyObject *
+alloc_pages(PyObject *self, PyObject *args)
+{
+    PyObject *ost, *oo, *ou;
+    Py_ssize_t top;
+    if (!PyArg_ParseTuple(args, "OnOO:alloc_pages", &ost, &top, &oo, &ou))
+        return NULL;
+    Py_buffer bst, bo, bu;
+    if (get_stack(ost, &bst) < 0)
+        return NULL;
+    if (get_buffer(oo, &bo, 8, 1, "out") < 0)
+        goto fail_st;
+    if (get_buffer(ou, &bu, 1, 1, "used") < 0)
+        goto fail_o;
+    const Py_ssize_t k = bo.len / 8, cap = bst.len / bst.itemsize;
+    if (top < k || top > cap) {
+        PyErr_Format(PyExc_ValueError, "alloc_pages: %zd pages asked of a stack of %zd (top %zd)",
+                     k, cap, top);
+        goto fail_u;
+    }
+    int64_t *out = (int64_t *)bo.buf;
+    uint8_t *used = (uint8_t *)bu.buf;
+    const uint64_t pages = (uint64_t)bu.len;
+    int64_t bad = 0;
+    int ok = 1;
+    Py_ssize_t i;
+    for (i = 0; i < k; i++) {
+        int64_t p = stack_get(&bst, top - 1 - i);
+        if ((uint64_t)p >= pages || used[p]) {
+            bad = p;
+            ok = 0;
+            break;
+        }
+        out[i] = p;
+    }
+    if (ok)
+        for (i = 0; i < k; i++)
+            used[out[i]] = 1;
+    PyBuffer_Release(&bu);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bst);
+    if (ok)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong((long long)bad);
+fail_u:
+    PyBuffer_Release(&bu);
+fail_o:
+    PyBuffer_Release(&bo);
+fail_st:
+    PyBuffer_Release(&bst);
+    return NULL;
+}
+
+PyDoc_STRVAR(free_pages_doc,
+"free_pages(pages, used, tree, stack, top, clear_tree) -> int\n\n"
+"Return ``pages`` (int64) to the pool: unmark them used (and tree-owned with ``clear_tree``)\n"
+"and push them on the free stack at ``top``. Returns the new top, or, changing nothing, -1\n"
+"when a page is not used (a double free; the caller names it) and -2 when one is out of range\n"
+"or the stack has no room for them all.");
+
+static PyObject *
+free_pages(PyObject *self, PyObject *args)
+{
+    PyObject *op, *ou, *ot, *ost;
+    Py_ssize_t top;
+    int clear_tree;
+    if (!PyArg_ParseTuple(args, "OOOOnp:free_pages", &op, &ou, &ot, &ost, &top, &clear_tree))
+        return NULL;
+    Py_buffer bp, bu, bt, bst;
+    if (get_buffer(op, &bp, 8, 0, "pages") < 0)
+        return NULL;
+    if (get_buffer(ou, &bu, 1, 1, "used") < 0)
+        goto fail_p;
+    if (get_buffer(ot, &bt, 1, 1, "tree") < 0)
+        goto fail_u;
+    if (get_stack(ost, &bst) < 0)
+        goto fail_t;
+    const uint64_t *pg = (const uint64_t *)bp.buf;
+    uint8_t *used = (uint8_t *)bu.buf, *tree = (uint8_t *)bt.buf;
+    const Py_ssize_t n = bp.len / 8, cap = bst.len / bst.itemsize;
+    const uint64_t pages = (uint64_t)bu.len;
+    long long out = top;
+    Py_ssize_t i;
+    if (top < 0 || top > cap - n || bt.len != bu.len) {
+        out = -2;
+        goto done;
+    }
+    for (i = 0; i < n; i++) {  /* range first: nothing below indexes out of bounds */
+        if (pg[i] >= pages) {
+            out = -2;
+            goto done;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if (!used[pg[i]]) {
+            out = -1;
+            goto done;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        used[pg[i]] = 0;
+        if (clear_tree)
+            tree[pg[i]] = 0;
+        stack_set(&bst, top + i, pg[i]);
+    }
+    out = top + n;
+done:
+    PyBuffer_Release(&bst);
+    PyBuffer_Release(&bt);
+    PyBuffer_Release(&bu);
+    PyBuffer_Release(&bp);
+    return PyLong_FromLongLong(out);
+fail_t:
+    PyBuffer_Release(&bt);
+fail_u:
+    PyBuffer_Release(&bu);
+fail_p:
+    PyBuffer_Release(&bp);
+    return NULL;
+}
+
 static PyMethodDef native_methods[] = {
     {"check_split", check_split, METH_VARARGS, check_split_doc},
     {"common_len", common_len, METH_VARARGS, common_len_doc},
+    {"alloc_pages", alloc_pages, METH_VARARGS, alloc_pages_doc},
+    {"free_pages", free_pages, METH_VARARGS, free_pages_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "radixscope.cache._native",
     "Native kernels of the cache's hot path; see cache/native.py.", -1, native_methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

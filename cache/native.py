@@ -1,8 +1,9 @@
 """The hot path's native kernels (``cache/_native.c``, built by ``pip install``) and the
 pure-Python versions they must agree with.
 
-``check_split`` (insert's slot guard) and ``common_len`` (a descent step's key compare) are one
-C pass each where numpy / ``array`` need five to nine calls or a slice copy: on the issue-17
+``check_split`` (insert's slot guard), ``common_len`` (a descent step's key compare),
+``alloc_pages`` and ``free_pages`` (the allocator's pop and push with their bitmaps) are one C
+pass each where numpy / ``array`` need three to nine calls or a slice copy: on the issue-17
 workload the guard costs ~3.5 us in place against ~15 us. Where the module was not built (no
 C compiler at install) or ``RADIXSCOPE_NATIVE=0`` is set, ``KERNELS`` is ``"python"`` and the
 versions below run instead, with the same results (tests/cache/test_native.py checks both on
@@ -79,5 +80,42 @@ def common_len_py(a: array, a_off: int, b: array) -> int:
     return lo
 
 
+def alloc_pages_py(stack: np.ndarray, top: int, out: np.ndarray, used: np.ndarray) -> int | None:
+    """Pop ``len(out)`` pages off ``stack[:top]`` (the top first) into ``out`` and mark them
+    used. Returns None, or, changing nothing, the first popped page already used or out of
+    range (a corrupted allocator). ``len(out) <= top`` or ValueError."""
+    k = out.size
+    if not 0 <= k <= top <= stack.size:
+        raise ValueError(f"alloc_pages: {k} pages asked of a stack of {stack.size} (top {top})")
+    if not k:
+        return None
+    out[:] = stack[top - k:top][::-1]  # scratch until checked
+    if _MAX(out.view(np.uint64)) < used.size and not _count(used[out]):
+        used[out] = 1
+        return None
+    bad = (out.view(np.uint64) >= used.size) | (used[np.clip(out, 0, used.size - 1)] != 0)
+    return int(out[np.argmax(bad)])
+
+
+def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: np.ndarray,
+                  top: int, clear_tree: bool) -> int:
+    """Unmark ``pages`` used (and tree-owned with ``clear_tree``) and push them on the free
+    stack at ``top``. Returns the new top, or, changing nothing, -1 when a page is not used (a
+    double free) and -2 when one is out of range or the stack has no room."""
+    n = pages.size
+    if top < 0 or top + n > stack.size or tree.size != used.size or (
+            n and _MAX(pages.view(np.uint64)) >= used.size):
+        return -2
+    if _count(used[pages]) != n:
+        return -1
+    used[pages] = 0
+    if clear_tree:
+        tree[pages] = 0
+    stack[top:top + n] = pages
+    return top + n
+
+
 check_split = check_split_py if _native is None else _native.check_split
 common_len = common_len_py if _native is None else _native.common_len
+alloc_pages = alloc_pages_py if _native is None else _native.alloc_pages
+free_pages = free_pages_py if _native is None else _native.free_pages

@@ -74,12 +74,11 @@ class SlotAllocator:
             return None
         if k == 0:
             return torch.empty(0, dtype=torch.int64)
-        picked = self._stack[top - k:top][::-1].astype(np.int64)  # a copy
-        used = self._used
-        if _count(used[picked]):
-            bad = [int(q) for q in picked if used[q]]
-            raise RuntimeError(f"{self.name}: double alloc of page {bad[0]} (allocator corrupted)")
-        used[picked] = 1
+        picked = np.empty(k, dtype=np.int64)
+        bad = native.alloc_pages(self._stack, top, picked, self._used)
+        if bad is not None:
+            raise RuntimeError(f"{self.name}: double alloc of page {bad}: the free stack holds a "
+                               "page in use or out of range (allocator corrupted)")
         self._top = top - k
         if self.page_size == 1:
             return torch.from_numpy(picked)
@@ -212,26 +211,29 @@ class SlotAllocator:
         the number of slots freed."""
         p = self.page_size
         a = _np(indices)
-        pages = a if p == 1 else a[::p] // p
-        used = self._used
-        if _count(used[pages]) != pages.size:
-            raise ValueError(f"{self.name}: double free of slot(s) "
-                             f"{self._bad(pages, used[pages] == 0)}")
-        if tree:
-            self._tree[pages] = 0
-        return self._push(pages)
+        return self._push(a if p == 1 else a[::p] // p, tree)
 
     def free(self, indices: torch.Tensor, checked_pages: np.ndarray | None = None) -> int:
         """Return whole pages to the pool. Returns the number of slots freed."""
         pages = self.check_free(indices) if checked_pages is None else checked_pages
         return self._push(pages)
 
-    def _push(self, pages: np.ndarray) -> int:
-        self._used[pages] = 0
-        top, n = self._top, pages.size
-        self._stack[top:top + n] = pages
-        self._top = top + n
-        return n * self.page_size
+    def _push(self, pages: np.ndarray, tree: bool = False) -> int:
+        """Unmark ``pages`` used (and tree-owned with ``tree``) and push them on the free stack
+        (``native.free_pages``); a page not in use raises (a double free), before any change."""
+        try:
+            top = native.free_pages(pages, self._used, self._tree, self._stack, self._top, tree)
+        except (BufferError, TypeError, ValueError):  # a strided or int32 view: made plain once
+            pages = np.ascontiguousarray(pages, dtype=np.int64)
+            top = native.free_pages(pages, self._used, self._tree, self._stack, self._top, tree)
+        if top == -1:
+            used = self._used[pages]
+            raise ValueError(f"{self.name}: double free of slot(s) {self._bad(pages, used == 0)}")
+        if top < 0:
+            raise ValueError(f"{self.name}: freeing {pages.size} page(s) out of range or past the "
+                             f"pool's {self.num_pages} (allocator corrupted)")
+        self._top = top
+        return pages.size * self.page_size
 
 
 class KVPool:

@@ -105,6 +105,69 @@ def test_check_split_refuses_bad_buffers() -> None:
         C.check_split(idx, 1, u, t, bytes(2))  # read-only scratch
 
 
+def _pool(pages: int, free: list[int], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A free stack holding ``free`` (room for every page) and the used bitmap it implies
+    (a page of ``free`` out of range is in the stack only: a corrupted allocator)."""
+    stack = np.zeros(pages, dtype)
+    stack[:len(free)] = free
+    used = np.ones(pages, np.uint8)
+    used[[p for p in free if 0 <= p < pages]] = 0
+    return stack, used
+
+
+@given(pages=st.integers(1, 40), dtype=st.sampled_from([np.int32, np.int64]), data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_alloc_and_free_pages_agree_with_the_pure_versions(pages: int, dtype, data) -> None:
+    needs_native()
+    free = data.draw(st.lists(st.integers(0, pages - 1), max_size=pages, unique=True))
+    if free and data.draw(st.booleans()):  # a corrupted stack: a used or out-of-range page
+        free[data.draw(st.integers(0, len(free) - 1))] = data.draw(st.integers(-2, pages + 2))
+    states = [_pool(pages, free, dtype) for _ in range(2)]
+    top = len(free)
+    k = data.draw(st.integers(0, top))
+    outs = [np.full(k, -7, np.int64) for _ in range(2)]
+    got = [f(stack, top, out, used) for f, (stack, used), out in
+           zip((C.alloc_pages, native.alloc_pages_py), states, outs, strict=True)]
+    assert got[0] == got[1]
+    assert np.array_equal(states[0][1], states[1][1])
+    if got[0] is None:
+        assert outs[0].tolist() == outs[1].tolist() == free[::-1][:k]
+        assert states[0][1][outs[0]].all()
+    else:  # refused: nothing changed
+        assert got[0] in free[::-1][:k]
+        assert np.array_equal(states[0][1], _pool(pages, free, dtype)[1])
+    # push back some pages, maybe a used one twice or a free one (a double free)
+    tree = [np.zeros(pages, np.uint8) for _ in range(2)]
+    back = np.array(data.draw(st.lists(st.integers(-1, pages), max_size=6)), np.int64)
+    clear = data.draw(st.booleans())
+    before = [(s.copy(), u.copy(), t.copy()) for (s, u), t in zip(states, tree, strict=True)]
+    top2 = top - k if got[0] is None else top
+    res = [f(back, used, t, stack, top2, clear) for f, (stack, used), t in
+           zip((C.free_pages, native.free_pages_py), states, tree, strict=True)]
+    assert res[0] == res[1]
+    for (stack, used), t, (s0, u0, t0) in zip(states, tree, before, strict=True):
+        if res[0] < 0:  # refused: nothing changed
+            assert np.array_equal(stack, s0) and np.array_equal(used, u0)
+            assert np.array_equal(t, t0)
+        else:
+            assert stack[top2:res[0]].tolist() == back.tolist()
+    assert np.array_equal(states[0][0], states[1][0]) and np.array_equal(states[0][1], states[1][1])
+
+
+def test_alloc_and_free_pages_refuse_bad_buffers() -> None:
+    needs_native()
+    stack, used = _pool(8, [3, 4], np.int64)
+    with pytest.raises(ValueError, match="3 pages asked"):
+        C.alloc_pages(stack, 2, np.empty(3, np.int64), used)
+    with pytest.raises(TypeError, match="stack"):
+        C.alloc_pages(stack.astype(np.int16), 2, np.empty(1, np.int64), used)
+    with pytest.raises(TypeError, match="out"):
+        C.alloc_pages(stack, 2, np.empty(1, np.int32), used)
+    with pytest.raises(TypeError, match="pages"):
+        C.free_pages(np.array([1], np.int32), used, np.zeros(8, np.uint8), stack, 2, False)
+    assert C.free_pages(np.array([1]), used, np.zeros(7, np.uint8), stack, 2, False) == -2
+
+
 KEY = st.lists(st.integers(0, 3), max_size=40)
 
 
