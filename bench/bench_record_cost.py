@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from bench_scale import SCALES, Run, workload_args  # noqa: E402
 from scale_stats import ops_in  # noqa: E402
 
+from radixscope.cache import native  # noqa: E402
 from radixscope.cache.events import Recorder  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
@@ -80,7 +81,8 @@ def main() -> None:
         return f"  {label:>12} " + " ".join(f"{v:{n}.1f}" for v, n in zip(values, w, strict=True))
 
     print(f"scale {args.scale}: components {'+'.join(comps)}, {args.reps} interleaved batches x "
-          f"{args.requests} requests per cache; medians of the calling thread's CPU time, us")
+          f"{args.requests} requests per cache; medians of the calling thread's CPU time, us; "
+          f"kernels {native.KERNELS}")
     print(f"  {'':>12} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True)))
     for k, r in runs.items():
         print(line(r.label, [sums[k][c][0] for c in cols]))

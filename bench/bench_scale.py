@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from radixscope.cache import CacheConfig, HiRadixCache, TokenKey  # noqa: E402
+from radixscope.cache import CacheConfig, HiRadixCache, TokenKey, native  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_stats import OPS, by_depth, ops_in, print_targets  # noqa: E402
@@ -325,7 +325,7 @@ def main() -> None:
         sums = [r.summary() for r in runs]
     print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
           f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
-          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}")
+          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}; kernels {native.KERNELS}")
     for r, s, cl in zip(runs, sums, closes, strict=True):
         ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
                        for op in (*ops_in(r.batches), "request"))

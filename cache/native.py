@@ -11,16 +11,25 @@ random and edge inputs)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from array import array
 
 import numpy as np
+
+NAMES = ("check_split", "common_len", "alloc_pages", "free_pages")
 
 try:
     from radixscope.cache import _native
 except ImportError:  # built without a C compiler: the pure versions below
     _native = None
 if os.environ.get("RADIXSCOPE_NATIVE", "1").strip() == "0":
+    _native = None
+elif _native is not None and not all(hasattr(_native, n) for n in NAMES):
+    logging.getLogger("radixscope.cache").warning(
+        "%s was built from an older _native.c (it lacks %s): running the Python kernels; "
+        "`pip install -e .` rebuilds it", _native.__file__,
+        ", ".join(n for n in NAMES if not hasattr(_native, n)))
     _native = None
 
 KERNELS = "python" if _native is None else "native"
