@@ -2,28 +2,98 @@
 
 The loops that cost a request most when written as numpy / array calls, each one C pass with no
 temporaries: insert's slot guard (``check_split``), the key compare of a descent step
-(``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``). ``cache/native.py`` loads this module and holds the pure-Python versions they
-must agree with (tests/cache/test_native.py checks that on random and edge inputs); the cache runs
-on those when the module is not built. Both take buffers (numpy arrays, ``array('Q')``), read
-them under the GIL and never call back into Python. */
+(``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``).
+``cache/native.py`` loads this module and holds the pure-Python versions they must agree with
+(tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when
+the module is not built. Every kernel takes buffers (numpy arrays, ``array('Q')``), checks their
+item type, length and that no buffer it writes shares memory with another argument, works under
+the GIL and never calls back into Python. ``ABI`` changes whenever a signature or a result does:
+``native.py`` refuses a build whose number is not its own (a stale ``.so``). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-/* A C-contiguous buffer of ``itemsize``-byte items (any signedness); TypeError otherwise. */
+#define NATIVE_ABI 2
+
+/* The kinds of buffer the kernels take: 8-byte integers (page and slot ids, token ids), 4- or
+   8-byte integers (the free stack), bytes (the bitmaps). */
+enum kind { INT64, STACK, BYTES };
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
 static int
-get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what)
+format_ok(const char *fmt, enum kind kind, Py_ssize_t itemsize)
+{
+    if (fmt == NULL)
+        return kind == BYTES;  /* no format: unsigned bytes */
+    if (*fmt == '@' || *fmt == '=' || (*fmt == '<' && PY_LITTLE_ENDIAN))
+        fmt++;
+    if (fmt[0] == '\0' || fmt[1] != '\0')
+        return 0;
+    switch (kind) {
+    case BYTES:
+        return itemsize == 1 && strchr("Bb?", fmt[0]) != NULL;
+    case INT64:
+        return itemsize == 8 && strchr("qQlLnN", fmt[0]) != NULL;
+    case STACK:
+        return (itemsize == 8 && strchr("qQlLnN", fmt[0]) != NULL)
+               || (itemsize == 4 && strchr("iIlL", fmt[0]) != NULL);
+    }
+    return 0;
+}
+
+/* Acquire ``obj`` as a 1-D C-contiguous buffer of ``kind``; TypeError naming ``what`` otherwise. */
+static int
+acquire(PyObject *obj, Buf *b, enum kind kind, int writable, const char *what)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0)
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
         return -1;
-    if (view->itemsize != itemsize || view->ndim > 1) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D buffer of %zd-byte items, got "
-                     "itemsize %zd, ndim %d", what, itemsize, view->itemsize, view->ndim);
-        PyBuffer_Release(view);
+    b->held = 1;
+    if (b->view.ndim > 1 || !format_ok(b->view.format, kind, b->view.itemsize)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D buffer of %s, got format '%s' "
+                     "(itemsize %zd, ndim %d)", what,
+                     kind == BYTES ? "bytes" : kind == INT64 ? "64-bit integers"
+                                                             : "32- or 64-bit integers",
+                     b->view.format ? b->view.format : "B", b->view.itemsize, b->view.ndim);
         return -1;
+    }
+    return 0;
+}
+
+static void
+release(Buf *bufs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (bufs[i].held)
+            PyBuffer_Release(&bufs[i].view);
+}
+
+static Py_ssize_t
+items(const Buf *b)
+{
+    return b->view.len / b->view.itemsize;
+}
+
+/* ValueError when buffer ``w`` (written) shares memory with any of ``others``. */
+static int
+check_apart(const Buf *w, const char *wname, const Buf *others, int n, const char *const *names)
+{
+    const char *wa = w->view.buf, *wb = wa + w->view.len;
+    for (int i = 0; i < n; i++) {
+        const Buf *o = &others[i];
+        if (o == w || !o->view.len || !w->view.len)
+            continue;
+        const char *oa = o->view.buf, *ob = oa + o->view.len;
+        if (wa < ob && oa < wb) {
+            PyErr_Format(PyExc_ValueError, "%s shares memory with %s", wname, names[i]);
+            return -1;
+        }
     }
     return 0;
 }
@@ -33,81 +103,72 @@ PyDoc_STRVAR(check_split_doc,
 "True when every page of ``indices`` (int64) is below ``len(used)``, ``indices[:split]`` are\n"
 "all tree-marked (``tree[p] != 0``), and ``indices[split:]`` are all used, not tree-marked and\n"
 "distinct. ``seen`` is a zeroed bitmap of at least ``len(used) / 8`` bytes, left zeroed. False\n"
-"on the first page that fails (the caller's slow path names it). Reads only.");
+"on the first page that fails (the caller's slow path names it). ValueError for ``split < 0``.\n"
+"Reads only.");
 
 static PyObject *
 check_split(PyObject *self, PyObject *args)
 {
-    PyObject *oi, *ou, *ot, *os;
+    static const char *const names[] = {"indices", "used", "tree", "seen"};
+    PyObject *o[4];
     Py_ssize_t split;
-    if (!PyArg_ParseTuple(args, "OnOOO:check_split", &oi, &split, &ou, &ot, &os))
+    Buf b[4];
+    PyObject *result = NULL;
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OnOOO:check_split", &o[0], &split, &o[1], &o[2], &o[3]))
         return NULL;
-    Py_buffer bi, bu, bt, bs;
-    if (get_buffer(oi, &bi, 8, 0, "indices") < 0)
+    if (split < 0) {
+        PyErr_Format(PyExc_ValueError, "check_split: split=%zd must be >= 0", split);
         return NULL;
-    if (get_buffer(ou, &bu, 1, 0, "used") < 0)
-        goto fail_i;
-    if (get_buffer(ot, &bt, 1, 0, "tree") < 0)
-        goto fail_u;
-    if (get_buffer(os, &bs, 1, 1, "seen") < 0)
-        goto fail_t;
-    if (bt.len != bu.len || bs.len * 8 < bu.len) {
-        PyErr_Format(PyExc_ValueError, "check_split: tree has %zd pages and seen %zd bits for "
-                     "%zd used pages", bt.len, bs.len * 8, bu.len);
-        goto fail_s;
     }
-    const uint64_t *idx = (const uint64_t *)bi.buf;
-    const uint8_t *used = (const uint8_t *)bu.buf, *tree = (const uint8_t *)bt.buf;
-    uint8_t *seen = (uint8_t *)bs.buf;
-    const uint64_t pages = (uint64_t)bu.len;
-    const Py_ssize_t n = bi.len / 8;
-    if (split < 0 || split > n)
-        split = split < 0 ? 0 : n;
+    if (acquire(o[0], &b[0], INT64, 0, names[0]) < 0 || acquire(o[1], &b[1], BYTES, 0, names[1]) < 0
+            || acquire(o[2], &b[2], BYTES, 0, names[2]) < 0
+            || acquire(o[3], &b[3], BYTES, 1, names[3]) < 0
+            || check_apart(&b[3], names[3], b, 3, names) < 0)
+        goto out;
+    const Py_ssize_t pages_n = items(&b[1]);
+    if (items(&b[2]) != pages_n || items(&b[3]) < (pages_n + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "check_split: %zd used pages, but tree has %zd pages and "
+                     "seen %zd bytes (%zd needed)", pages_n, items(&b[2]), items(&b[3]),
+                     (pages_n + 7) / 8);
+        goto out;
+    }
+    const uint64_t *idx = (const uint64_t *)b[0].view.buf;
+    const uint8_t *used = b[1].view.buf, *tree = b[2].view.buf;
+    uint8_t *seen = b[3].view.buf;
+    const uint64_t pages = (uint64_t)pages_n;
+    const Py_ssize_t n = items(&b[0]);
+    if (split > n)
+        split = n;
     int ok = 1;
-    Py_ssize_t i, j;
-    for (i = 0; i < n; i++) {  /* range first: nothing below indexes out of bounds */
-        if (idx[i] >= pages) {
-            ok = 0;
-            goto done;
+    Py_ssize_t i, marked = split;  /* seen holds the bits of idx[split:marked] */
+    for (i = 0; i < n && ok; i++)  /* range first: nothing below indexes out of bounds */
+        ok = idx[i] < pages;
+    for (i = 0; i < split && ok; i++)
+        ok = tree[idx[i]] != 0;
+    if (ok) {
+        for (i = split; i < n; i++) {
+            uint64_t p = idx[i];
+            uint8_t bit = (uint8_t)(1u << (p & 7));
+            if (tree[p] || !used[p] || (seen[p >> 3] & bit)) {
+                ok = 0;
+                break;
+            }
+            seen[p >> 3] |= bit;
         }
+        marked = i;
     }
-    for (i = 0; i < split; i++) {
-        if (!tree[idx[i]]) {
-            ok = 0;
-            goto done;
-        }
-    }
-    for (i = split; i < n; i++) {
-        uint64_t p = idx[i];
-        uint8_t bit = (uint8_t)(1u << (p & 7));
-        if (tree[p] || !used[p] || (seen[p >> 3] & bit)) {
-            ok = 0;
-            break;
-        }
-        seen[p >> 3] |= bit;
-    }
-    for (j = split; j < i; j++)  /* leave the bitmap zeroed */
-        seen[idx[j] >> 3] = 0;
-done:
-    PyBuffer_Release(&bs);
-    PyBuffer_Release(&bt);
-    PyBuffer_Release(&bu);
-    PyBuffer_Release(&bi);
-    return PyBool_FromLong(ok);
-fail_s:
-    PyBuffer_Release(&bs);
-fail_t:
-    PyBuffer_Release(&bt);
-fail_u:
-    PyBuffer_Release(&bu);
-fail_i:
-    PyBuffer_Release(&bi);
-    return NULL;
+    for (i = split; i < marked; i++)  /* leave the bitmap zeroed */
+        seen[idx[i] >> 3] = 0;
+    result = PyBool_FromLong(ok);
+out:
+    release(b, 4);
+    return result;
 }
 
 PyDoc_STRVAR(common_len_doc,
 "common_len(a, a_off, b) -> int\n\n"
-"How many leading items of ``a[a_off:]`` and ``b`` are equal (8-byte items, e.g. two\n"
+"How many leading items of ``a[a_off:]`` and ``b`` are equal (8-byte integers, e.g. two\n"
 "``array('Q')``), at most ``min(len(a) - a_off, len(b))``; no copies. ``a_off`` past the end\n"
 "gives 0; a negative one raises ValueError.");
 
@@ -116,124 +177,100 @@ common_len(PyObject *self, PyObject *args)
 {
     PyObject *oa, *ob;
     Py_ssize_t off;
+    Buf b[2];
+    PyObject *result = NULL;
+    memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OnO:common_len", &oa, &off, &ob))
         return NULL;
     if (off < 0) {
         PyErr_Format(PyExc_ValueError, "common_len: a_off=%zd must be >= 0", off);
         return NULL;
     }
-    Py_buffer ba, bb;
-    if (get_buffer(oa, &ba, 8, 0, "a") < 0)
-        return NULL;
-    if (get_buffer(ob, &bb, 8, 0, "b") < 0) {
-        PyBuffer_Release(&ba);
-        return NULL;
-    }
-    Py_ssize_t na = ba.len / 8, nb = bb.len / 8;
+    if (acquire(oa, &b[0], INT64, 0, "a") < 0 || acquire(ob, &b[1], INT64, 0, "b") < 0)
+        goto out;
+    const Py_ssize_t na = items(&b[0]), nb = items(&b[1]);
     Py_ssize_t n = off >= na ? 0 : na - off;
     if (nb < n)
         n = nb;
-    const uint64_t *a = (const uint64_t *)ba.buf + (off < na ? off : 0);
-    const uint64_t *b = (const uint64_t *)bb.buf;
+    const uint64_t *a = (const uint64_t *)b[0].view.buf + (off < na ? off : 0);
+    const uint64_t *c = (const uint64_t *)b[1].view.buf;
     Py_ssize_t k = 0;
-    if (n && memcmp(a, b, (size_t)n * 8) == 0) {
+    if (n && memcmp(a, c, (size_t)n * 8) == 0) {
         k = n;  /* the common case: the whole node matches */
     } else {
-        while (k < n && a[k] == b[k])
+        while (k < n && a[k] == c[k])
             k++;
     }
-    PyBuffer_Release(&bb);
-    PyBuffer_Release(&ba);
-    return PyLong_FromSsize_t(k);
+    result = PyLong_FromSsize_t(k);
+out:
+    release(b, 2);
+    return result;
 }
 
 /* The free stack holds int32 page ids while they fit, int64 beyond. */
 static inline int64_t
-stack_get(const Py_buffer *st, Py_ssize_t i)
+stack_get(const Buf *st, Py_ssize_t i)
 {
-    return st->itemsize == 4 ? ((const int32_t *)st->buf)[i] : ((const int64_t *)st->buf)[i];
+    return st->view.itemsize == 4 ? ((const int32_t *)st->view.buf)[i]
+                                  : ((const int64_t *)st->view.buf)[i];
 }
 
 static inline void
-stack_set(Py_buffer *st, Py_ssize_t i, uint64_t v)
+stack_set(Buf *st, Py_ssize_t i, uint64_t v)
 {
-    if (st->itemsize == 4)
-        ((int32_t *)st->buf)[i] = (int32_t)v;
+    if (st->view.itemsize == 4)
+        ((int32_t *)st->view.buf)[i] = (int32_t)v;
     else
-        ((int64_t *)st->buf)[i] = (int64_t)v;
-}
-
-static int
-get_stack(PyObject *obj, Py_buffer *view)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        return -1;
-    if ((view->itemsize != 4 && view->itemsize != 8) || view->ndim > 1) {
-        PyErr_Format(PyExc_TypeError, "stack: expected a 1-D buffer of 4- or 8-byte items, got "
-                     "itemsize %zd, ndim %d", view->itemsize, view->ndim);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
+        ((int64_t *)st->view.buf)[i] = (int64_t)v;
 }
 
 PyDoc_STRVAR(alloc_pages_doc,
 "alloc_pages(stack, top, out, used) -> int | None\n\n"
 "Pop ``len(out)`` pages off the free stack ``stack[:top]`` (the top first) into ``out``\n"
-"(int64) and mark them used. Returns None, or, changing nothing, the first popped page that\n"
-"is already used or out of range (a corrupted allocator). ``len(out) <= top`` or ValueError.");
+"(int64) and mark them used. Returns None, or, leaving the pool unchanged (``out`` is scratch\n"
+"then), the first popped page that is already used or out of range (a corrupted allocator).\n"
+"ValueError unless ``0 <= len(out) <= top <= len(stack)``.");
 
 static PyObject *
 alloc_pages(PyObject *self, PyObject *args)
 {
-    PyObject *ost, *oo, *ou;
+    static const char *const names[] = {"stack", "out", "used"};
+    PyObject *o[3];
     Py_ssize_t top;
-    if (!PyArg_ParseTuple(args, "OnOO:alloc_pages", &ost, &top, &oo, &ou))
+    Buf b[3];
+    PyObject *result = NULL;
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OnOO:alloc_pages", &o[0], &top, &o[1], &o[2]))
         return NULL;
-    Py_buffer bst, bo, bu;
-    if (get_stack(ost, &bst) < 0)
-        return NULL;
-    if (get_buffer(oo, &bo, 8, 1, "out") < 0)
-        goto fail_st;
-    if (get_buffer(ou, &bu, 1, 1, "used") < 0)
-        goto fail_o;
-    const Py_ssize_t k = bo.len / 8, cap = bst.len / bst.itemsize;
+    if (acquire(o[0], &b[0], STACK, 0, names[0]) < 0 || acquire(o[1], &b[1], INT64, 1, names[1]) < 0
+            || acquire(o[2], &b[2], BYTES, 1, names[2]) < 0
+            || check_apart(&b[1], names[1], b, 3, names) < 0
+            || check_apart(&b[2], names[2], b, 3, names) < 0)
+        goto out;
+    const Py_ssize_t k = items(&b[1]), cap = items(&b[0]);
     if (top < k || top > cap) {
         PyErr_Format(PyExc_ValueError, "alloc_pages: %zd pages asked of a stack of %zd (top %zd)",
                      k, cap, top);
-        goto fail_u;
+        goto out;
     }
-    int64_t *out = (int64_t *)bo.buf;
-    uint8_t *used = (uint8_t *)bu.buf;
-    const uint64_t pages = (uint64_t)bu.len;
-    int64_t bad = 0;
-    int ok = 1;
+    int64_t *dst = (int64_t *)b[1].view.buf;
+    uint8_t *used = b[2].view.buf;
+    const uint64_t pages = (uint64_t)items(&b[2]);
     Py_ssize_t i;
     for (i = 0; i < k; i++) {
-        int64_t p = stack_get(&bst, top - 1 - i);
+        int64_t p = stack_get(&b[0], top - 1 - i);
         if ((uint64_t)p >= pages || used[p]) {
-            bad = p;
-            ok = 0;
-            break;
+            result = PyLong_FromLongLong((long long)p);
+            goto out;
         }
-        out[i] = p;
+        dst[i] = p;
     }
-    if (ok)
-        for (i = 0; i < k; i++)
-            used[out[i]] = 1;
-    PyBuffer_Release(&bu);
-    PyBuffer_Release(&bo);
-    PyBuffer_Release(&bst);
-    if (ok)
-        Py_RETURN_NONE;
-    return PyLong_FromLongLong((long long)bad);
-fail_u:
-    PyBuffer_Release(&bu);
-fail_o:
-    PyBuffer_Release(&bo);
-fail_st:
-    PyBuffer_Release(&bst);
-    return NULL;
+    for (i = 0; i < k; i++)
+        used[dst[i]] = 1;
+    result = Py_NewRef(Py_None);
+out:
+    release(b, 3);
+    return result;
 }
 
 PyDoc_STRVAR(free_pages_doc,
@@ -241,67 +278,55 @@ PyDoc_STRVAR(free_pages_doc,
 "Return ``pages`` (int64) to the pool: unmark them used (and tree-owned with ``clear_tree``)\n"
 "and push them on the free stack at ``top``. Returns the new top, or, changing nothing, -1\n"
 "when a page is not used (a double free; the caller names it) and -2 when one is out of range\n"
-"or the stack has no room for them all.");
+"(or past an int32 stack's ids) or the stack has no room for them all.");
 
 static PyObject *
 free_pages(PyObject *self, PyObject *args)
 {
-    PyObject *op, *ou, *ot, *ost;
+    static const char *const names[] = {"pages", "used", "tree", "stack"};
+    PyObject *o[4];
     Py_ssize_t top;
     int clear_tree;
-    if (!PyArg_ParseTuple(args, "OOOOnp:free_pages", &op, &ou, &ot, &ost, &top, &clear_tree))
+    Buf b[4];
+    PyObject *result = NULL;
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OOOOnp:free_pages", &o[0], &o[1], &o[2], &o[3], &top,
+                          &clear_tree))
         return NULL;
-    Py_buffer bp, bu, bt, bst;
-    if (get_buffer(op, &bp, 8, 0, "pages") < 0)
-        return NULL;
-    if (get_buffer(ou, &bu, 1, 1, "used") < 0)
-        goto fail_p;
-    if (get_buffer(ot, &bt, 1, 1, "tree") < 0)
-        goto fail_u;
-    if (get_stack(ost, &bst) < 0)
-        goto fail_t;
-    const uint64_t *pg = (const uint64_t *)bp.buf;
-    uint8_t *used = (uint8_t *)bu.buf, *tree = (uint8_t *)bt.buf;
-    const Py_ssize_t n = bp.len / 8, cap = bst.len / bst.itemsize;
-    const uint64_t pages = (uint64_t)bu.len;
-    long long out = top;
+    if (acquire(o[0], &b[0], INT64, 0, names[0]) < 0 || acquire(o[1], &b[1], BYTES, 1, names[1]) < 0
+            || acquire(o[2], &b[2], BYTES, 1, names[2]) < 0
+            || acquire(o[3], &b[3], STACK, 1, names[3]) < 0)
+        goto out;
+    for (int w = 1; w < 4; w++)
+        if (check_apart(&b[w], names[w], b, 4, names) < 0)
+            goto out;
+    const uint64_t *pg = (const uint64_t *)b[0].view.buf;
+    uint8_t *used = b[1].view.buf, *tree = b[2].view.buf;
+    const Py_ssize_t n = items(&b[0]), cap = items(&b[3]);
+    const uint64_t pages = (uint64_t)items(&b[1]);
+    const uint64_t id_max = b[3].view.itemsize == 4 ? (uint64_t)INT32_MAX : (uint64_t)INT64_MAX;
+    long long rc = top + n;
     Py_ssize_t i;
-    if (top < 0 || top > cap - n || bt.len != bu.len) {
-        out = -2;
-        goto done;
-    }
-    for (i = 0; i < n; i++) {  /* range first: nothing below indexes out of bounds */
-        if (pg[i] >= pages) {
-            out = -2;
-            goto done;
+    if (top < 0 || top > cap - n || items(&b[2]) != items(&b[1]))
+        rc = -2;
+    for (i = 0; i < n && rc >= 0; i++)  /* range first: nothing below indexes out of bounds */
+        if (pg[i] >= pages || pg[i] > id_max)
+            rc = -2;
+    for (i = 0; i < n && rc >= 0; i++)
+        if (!used[pg[i]])
+            rc = -1;
+    if (rc >= 0) {
+        for (i = 0; i < n; i++) {
+            used[pg[i]] = 0;
+            if (clear_tree)
+                tree[pg[i]] = 0;
+            stack_set(&b[3], top + i, pg[i]);
         }
     }
-    for (i = 0; i < n; i++) {
-        if (!used[pg[i]]) {
-            out = -1;
-            goto done;
-        }
-    }
-    for (i = 0; i < n; i++) {
-        used[pg[i]] = 0;
-        if (clear_tree)
-            tree[pg[i]] = 0;
-        stack_set(&bst, top + i, pg[i]);
-    }
-    out = top + n;
-done:
-    PyBuffer_Release(&bst);
-    PyBuffer_Release(&bt);
-    PyBuffer_Release(&bu);
-    PyBuffer_Release(&bp);
-    return PyLong_FromLongLong(out);
-fail_t:
-    PyBuffer_Release(&bt);
-fail_u:
-    PyBuffer_Release(&bu);
-fail_p:
-    PyBuffer_Release(&bp);
-    return NULL;
+    result = PyLong_FromLongLong(rc);
+out:
+    release(b, 4);
+    return result;
 }
 
 static PyMethodDef native_methods[] = {
@@ -321,5 +346,10 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    return PyModule_Create(&native_module);
+    PyObject *m = PyModule_Create(&native_module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -18,6 +18,7 @@ from array import array
 import numpy as np
 
 NAMES = ("check_split", "common_len", "alloc_pages", "free_pages")
+ABI = 2  # _native.c's NATIVE_ABI: a build with another number is stale
 
 try:
     from radixscope.cache import _native
@@ -25,11 +26,11 @@ except ImportError:  # built without a C compiler: the pure versions below
     _native = None
 if os.environ.get("RADIXSCOPE_NATIVE", "1").strip() == "0":
     _native = None
-elif _native is not None and not all(hasattr(_native, n) for n in NAMES):
+elif _native is not None and getattr(_native, "ABI", None) != ABI:
     logging.getLogger("radixscope.cache").warning(
-        "%s was built from an older _native.c (it lacks %s): running the Python kernels; "
-        "`pip install -e .` rebuilds it", _native.__file__,
-        ", ".join(n for n in NAMES if not hasattr(_native, n)))
+        "%s was built from another _native.c (ABI %s, this code needs %d): running the Python "
+        "kernels; `pip install -e .` rebuilds it", _native.__file__,
+        getattr(_native, "ABI", "none"), ABI)
     _native = None
 
 KERNELS = "python" if _native is None else "native"
@@ -51,11 +52,19 @@ def distinct(pages: np.ndarray) -> bool:
     return not _count(s[1:] == s[:-1])
 
 
+def _int64(a: np.ndarray, name: str) -> None:
+    if a.dtype.kind not in "iu" or a.dtype.itemsize != 8:
+        raise TypeError(f"{name}: expected 64-bit integers, got {a.dtype}")
+
+
 def check_split_py(indices: np.ndarray, split: int, used: np.ndarray, tree: np.ndarray,
                    seen: np.ndarray) -> bool:
     """True when every page of ``indices`` is below ``len(used)``, ``indices[:split]`` are
     tree-marked and ``indices[split:]`` used, not tree-marked and distinct (``seen``: the C
-    kernel's scratch bitmap, unused here). Reads only."""
+    kernel's scratch bitmap, unused here). ValueError for ``split < 0``. Reads only."""
+    if split < 0:
+        raise ValueError(f"check_split: split={split} must be >= 0")
+    _int64(indices, "indices")
     if not indices.size:
         return True
     if _MAX(indices.view(np.uint64)) >= used.size:
@@ -91,8 +100,10 @@ def common_len_py(a: array, a_off: int, b: array) -> int:
 
 def alloc_pages_py(stack: np.ndarray, top: int, out: np.ndarray, used: np.ndarray) -> int | None:
     """Pop ``len(out)`` pages off ``stack[:top]`` (the top first) into ``out`` and mark them
-    used. Returns None, or, changing nothing, the first popped page already used or out of
-    range (a corrupted allocator). ``len(out) <= top`` or ValueError."""
+    used. Returns None, or, leaving the pool unchanged (``out`` is scratch then), the first
+    popped page already used or out of range (a corrupted allocator). ValueError unless
+    ``0 <= len(out) <= top <= len(stack)``."""
+    _int64(out, "out")
     k = out.size
     if not 0 <= k <= top <= stack.size:
         raise ValueError(f"alloc_pages: {k} pages asked of a stack of {stack.size} (top {top})")
@@ -110,10 +121,13 @@ def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: 
                   top: int, clear_tree: bool) -> int:
     """Unmark ``pages`` used (and tree-owned with ``clear_tree``) and push them on the free
     stack at ``top``. Returns the new top, or, changing nothing, -1 when a page is not used (a
-    double free) and -2 when one is out of range or the stack has no room."""
+    double free) and -2 when one is out of range (or past an int32 stack's ids) or the stack
+    has no room."""
+    _int64(pages, "pages")
     n = pages.size
+    id_max = (1 << (8 * stack.itemsize - 1)) - 1  # the stack's largest id (signed)
     if top < 0 or top + n > stack.size or tree.size != used.size or (
-            n and _MAX(pages.view(np.uint64)) >= used.size):
+            n and _MAX(pages.view(np.uint64)) >= min(used.size, id_max + 1)):
         return -2
     if _count(used[pages]) != n:
         return -1

@@ -34,6 +34,7 @@ def needs_native() -> None:
 def test_the_cache_runs_on_the_native_kernels_when_they_are_built() -> None:
     needs_native()
     assert native.KERNELS == "native"
+    assert C.ABI == native.ABI
     assert all(getattr(native, n) is getattr(C, n) for n in native.NAMES)
 
 
@@ -69,7 +70,13 @@ def test_check_split_agrees_with_the_pure_version(pages: int, data) -> None:
     hi = data.draw(st.lists(st.sampled_from(held) if held else pool, max_size=12))
     if data.draw(st.booleans()):
         hi = hi + data.draw(st.lists(pool, max_size=3))
-    _both_check_split(lo + hi, data.draw(st.integers(0, len(lo) + len(hi))), u, t, seen)
+    split = data.draw(st.integers(-3, len(lo) + len(hi) + 3))
+    if split < 0:
+        for f in (C.check_split, native.check_split_py):
+            with pytest.raises(ValueError, match=f"split={split}"):
+                f(np.array(lo + hi, np.int64), split, u, t, seen)
+        return
+    _both_check_split(lo + hi, split, u, t, seen)
 
 
 def test_check_split_edge_cases() -> None:
@@ -93,12 +100,17 @@ def test_check_split_refuses_bad_buffers() -> None:
     needs_native()
     u, t, seen = _marks(16, tree=[0], used=[1])
     idx = np.array([0, 1], np.int64)
-    with pytest.raises(TypeError, match="indices"):
-        C.check_split(idx.astype(np.int32), 1, u, t, seen)
-    with pytest.raises(ValueError, match="seen"):
+    for f in (C.check_split, native.check_split_py):
+        with pytest.raises(TypeError, match="indices"):
+            f(idx.astype(np.int32), 1, u, t, seen)
+        with pytest.raises(TypeError, match="indices"):
+            f(idx.astype(np.float64), 1, u, t, seen)
+    with pytest.raises(ValueError, match=r"seen 1 bytes \(2 needed\)"):
         C.check_split(idx, 1, u, t, seen[:1])
-    with pytest.raises(ValueError, match="tree"):
+    with pytest.raises(ValueError, match="tree has 8 pages"):
         C.check_split(idx, 1, u, t[:8], seen)
+    with pytest.raises(TypeError, match="used"):
+        C.check_split(idx, 1, u.astype(np.int16), t, seen)
     with pytest.raises(ValueError, match="contiguous"):
         C.check_split(np.arange(8, dtype=np.int64)[::2], 1, u, t, seen)  # strided
     with pytest.raises(BufferError):
@@ -137,7 +149,9 @@ def test_alloc_and_free_pages_agree_with_the_pure_versions(pages: int, dtype, da
         assert got[0] in free[::-1][:k]
         assert np.array_equal(states[0][1], _pool(pages, free, dtype)[1])
     # push back some pages, maybe a used one twice or a free one (a double free)
-    tree = [np.zeros(pages, np.uint8) for _ in range(2)]
+    marks = np.array(data.draw(st.lists(st.integers(0, 1), min_size=pages, max_size=pages)),
+                     np.uint8)
+    tree = [marks.copy() for _ in range(2)]
     back = np.array(data.draw(st.lists(st.integers(-1, pages), max_size=6)), np.int64)
     clear = data.draw(st.booleans())
     before = [(s.copy(), u.copy(), t.copy()) for (s, u), t in zip(states, tree, strict=True)]
@@ -151,7 +165,10 @@ def test_alloc_and_free_pages_agree_with_the_pure_versions(pages: int, dtype, da
             assert np.array_equal(t, t0)
         else:
             assert stack[top2:res[0]].tolist() == back.tolist()
+            assert not used[back].any()
+            assert (not t[back].any()) if clear else np.array_equal(t, t0)
     assert np.array_equal(states[0][0], states[1][0]) and np.array_equal(states[0][1], states[1][1])
+    assert np.array_equal(tree[0], tree[1])
 
 
 def test_alloc_and_free_pages_refuse_bad_buffers() -> None:
@@ -166,6 +183,41 @@ def test_alloc_and_free_pages_refuse_bad_buffers() -> None:
     with pytest.raises(TypeError, match="pages"):
         C.free_pages(np.array([1], np.int32), used, np.zeros(8, np.uint8), stack, 2, False)
     assert C.free_pages(np.array([1]), used, np.zeros(7, np.uint8), stack, 2, False) == -2
+
+
+def test_the_kernels_refuse_buffers_that_share_memory() -> None:
+    """A buffer a kernel writes that overlaps another argument would let its writes change
+    values it already checked: refused, nothing written."""
+    needs_native()
+    big = np.zeros(64, np.uint8)
+    idx = big[:16].view(np.int64)  # [0, 0]
+    with pytest.raises(ValueError, match="seen shares memory with indices"):
+        C.check_split(idx, 0, np.ones(16, np.uint8), np.zeros(16, np.uint8), big[8:10])
+    used = np.zeros(16, np.uint8)
+    with pytest.raises(ValueError, match="out shares memory with used"):
+        C.alloc_pages(np.array([8, 9]), 2, used.view(np.int64), used)
+    assert not used.any()
+    stack = np.zeros(8, np.int32)
+    with pytest.raises(ValueError, match="stack shares memory with pages"):
+        C.free_pages(stack[:4].view(np.int64), np.ones(8, np.uint8), np.zeros(8, np.uint8),
+                     stack, 0, True)
+    u = np.ones(8, np.uint8)
+    with pytest.raises(ValueError, match="used shares memory with tree"):
+        C.free_pages(np.array([1]), u, u, np.zeros(8, np.int64), 0, True)
+    assert u.all()
+
+
+def test_the_pure_kernels_refuse_what_the_native_ones_do() -> None:
+    u = np.ones(8, np.uint8)
+    with pytest.raises(TypeError, match="pages"):
+        native.free_pages_py(np.array([0, 1], np.int32), u, np.zeros(8, np.uint8),
+                             np.zeros(8, np.int32), 0, False)
+    with pytest.raises(TypeError, match="out"):
+        native.alloc_pages_py(np.array([1, 2]), 2, np.empty(1, np.int32), u)
+    # an int32 stack holds ids below 2**31 only (a pool of 2**31 + 1 pages, never written)
+    huge = np.broadcast_to(np.uint8(1), ((1 << 31) + 1,))
+    assert native.free_pages_py(np.array([1 << 31]), huge, huge, np.zeros(4, np.int32), 0,
+                                False) == -2
 
 
 KEY = st.lists(st.integers(0, 3), max_size=40)
