@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixscope.cache import native
 from radixscope.cache.components import BACKBONE, STATE, WINDOW, rules
 from radixscope.engine.run import RunResult
 
@@ -75,6 +76,7 @@ class Summary:
     bundles: tuple[str, ...] = ()
     storage: str | None = None      # the L3 backend spec
     storage_line: str = ""          # what L3 did: pages written / failed, prefetches
+    kernels: str = native.KERNELS   # the cache's hot-path kernels: "native" or "python"
 
     @property
     def requests_per_s(self) -> float:
@@ -172,7 +174,8 @@ def format_summary(s: Summary) -> str:
         parts = [f"{c} {n:,}" for k, c, n in s.moved if k == kind and n]
         lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)} slots)" if parts
                                                     else ""))
-    lines.append("  op latency   op              count    p50 us    p99 us")
+    lines.append(f"  op latency   op              count    p50 us    p99 us   ({s.kernels} "
+                 "kernels)")
     for o in s.latency:
         lines.append(f"               {o.op:<13}{o.count:>8,}{o.p50_us:>10.1f}{o.p99_us:>10.1f}")
     lines.append(f"  content      {s.verified_prefixes:,} reused prefixes verified "

@@ -112,6 +112,9 @@ def test_telemetry_words():
         "journal gap after seq 40 (next seq 52): states after seq 40 cannot be rebuilt exactly"]
     assert telemetry_words({}) == ["no telemetry stats yet: the writer has not flushed (a run "
                                    "still going?)"]
+    assert telemetry_words({**ok, "cache": {"kernels": "native"}}) == telemetry_words(ok)
+    slow = telemetry_words({**ok, "cache": {"kernels": "python"}})
+    assert len(slow) == 2 and slow[1].startswith("the cache ran on its Python kernels")
 
 
 def test_findings_table_names_a_stuck_prefetch_from_the_store_events(tmp_path):

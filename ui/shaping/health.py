@@ -140,4 +140,8 @@ def telemetry_words(info: dict) -> list[str]:
         out.append("no telemetry stats yet: the writer has not flushed (a run still going?)")
     elif not out:
         out.append("telemetry healthy: nothing dropped, no failures, no journal gaps")
+    if (info.get("cache") or {}).get("kernels") == "python":
+        out.append("the cache ran on its Python kernels (built without a C compiler, or "
+                   "RADIXSCOPE_NATIVE=0): its match, insert, alloc and evict cost about 1.5x "
+                   "the native ones; see README, Quickstart")
     return out
