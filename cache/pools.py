@@ -27,10 +27,12 @@ def _np(indices: torch.Tensor | np.ndarray) -> np.ndarray:
 class SlotAllocator:
     """Free-page stack plus per-page bitmaps, all numpy arrays.
 
-    The free stack is an int64 array with a top index and the bitmaps are uint8 arrays (one byte
-    a page): a call costs a few numpy calls whatever its length (about a microsecond each, below
-    the fixed overhead of a small torch op and far below a Python loop over a few hundred pages).
-    Indices cross the boundary as int64 tensors (sharing memory with numpy where they can).
+    The free stack is an int32 (int64 past 2**31 pages) array with a top index and the bitmaps
+    are uint8 arrays (one byte a page). The hot calls (``alloc``, ``free_owned``, insert's
+    ``check_split``) are one native kernel each (``native.py``): one C pass over the pages and
+    bitmaps, ~2-4x cheaper in place than the numpy calls they replace; the rest are a few numpy
+    calls whatever their length. Indices cross the boundary as int64 tensors (sharing memory
+    with numpy where they can).
 
     Args:
         name: pool name used in errors (``full/device``...).

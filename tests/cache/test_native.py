@@ -247,9 +247,9 @@ def test_common_len_edges() -> None:
         C.common_len(big, 0, array("I", [1]))
 
 
-def test_insert_takes_strided_slots_and_still_guards_them() -> None:
-    """A strided slot tensor (a view the C kernel cannot read whole) goes through the guard's
-    numpy path: accepted when right, refused naming the slot when not."""
+def test_strided_slots_are_taken_and_still_guarded() -> None:
+    """A strided slot tensor (a view the C kernels cannot read whole) goes through the guard's
+    numpy path and the push's copy: accepted when right, refused naming the slot when not."""
     c = HiRadixCache(make_config(("full",), device_tokens=32, host_tokens=0))
     wide = torch.zeros(8, dtype=torch.int64)
     wide[::2] = c.alloc(4)
@@ -260,6 +260,13 @@ def test_insert_takes_strided_slots_and_still_guards_them() -> None:
     again[::2] = wide[::2]  # the tree's slots handed over as the request's
     with pytest.raises(ValueError, match="device_indices"):
         c.insert([5, 6, 7, 8], again[::2])
+    c.check()
+    held = torch.zeros(6, dtype=torch.int64)
+    held[::2] = c.alloc(3)
+    before = c.available()
+    assert c.free(held[::2]) == 3 and c.available() == before + 3  # the push's strided path
+    with pytest.raises(ValueError, match="double free"):
+        c.free(held[::2])
     c.check()
 
 
@@ -274,7 +281,7 @@ def test_the_cache_runs_the_same_on_the_pure_kernels() -> None:
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                           "tests/cache/test_cache_scenarios.py", "tests/cache/test_cache_bad_input.py",
                           "tests/cache/test_seed_bugs.py", "tests/cache/test_cache_correctness.py",
-                          "tests/cache/test_native.py::test_insert_takes_strided_slots_and_still_guards_them"],
+                          "tests/cache/test_native.py::test_strided_slots_are_taken_and_still_guarded"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert " passed" in out.stdout
