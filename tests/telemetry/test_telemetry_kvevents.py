@@ -51,9 +51,10 @@ def snap_rows(snap) -> set:
             for (m, g), blocks in snapshot_blocks(snap).items() for b in blocks.values()}
 
 
-def flush_every(monkeypatch, steps: int):
+def flush_every(monkeypatch, steps: int, first=None):
     """An ``on_step`` hook that flushes the run's telemetry every ``steps`` engine steps, so
-    the publisher sends many messages (it sends one per drained batch)."""
+    the publisher sends many messages (it sends one per drained batch); ``first()`` runs at the
+    first step, once the run's publisher is bound."""
     import radixscope.engine.run as run_mod
     tels: list = []
     real = run_mod._open_telemetry
@@ -68,6 +69,8 @@ def flush_every(monkeypatch, steps: int):
 
     def hook(_engine) -> None:
         count[0] += 1
+        if count[0] == 1 and first is not None:
+            first()
         if tels and count[0] % steps == 0:
             tels[0].flush()
     return hook
@@ -76,13 +79,28 @@ def flush_every(monkeypatch, steps: int):
 class WatchThread:
     def __init__(self, endpoint: str, store: Path, replay: str | None) -> None:
         self.w = Watcher(endpoint, store, replay=replay)
+        # created before the thread uses the socket: tells when the SUB reached a publisher
+        self.monitor = self.w._sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.t = threading.Thread(target=self.w.run, kwargs={"max_s": 120}, daemon=True)
         self.t.start()
+
+    def wait_connected(self, timeout_s: float = 20.0) -> None:
+        """Block until the SUB socket has completed a handshake with the publisher (which
+        binds only once a run starts), then a moment for its subscription to arrive: a PUB
+        socket drops what it sends before that, and a run on a fast cache can send every
+        message, and close its replay socket, before the SUB's first reconnect."""
+        try:
+            assert self.monitor.poll(int(timeout_s * 1000)), "the watcher never reached the " \
+                "publisher"
+        finally:
+            self.monitor.close(linger=0)  # the watcher's context ends only once this is closed
+        time.sleep(0.1)
 
     def stop_after(self, messages: int, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         while self.w.messages < messages and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.monitor.close(linger=0)
         self.w.stop()
         self.t.join(timeout=10)
         assert not self.t.is_alive()
@@ -95,7 +113,6 @@ def test_round_trip_our_cache_to_watcher(tmp_path, monkeypatch, components) -> N
     monkeypatch.setenv("RADIXSCOPE_KV_EVENTS_REPLAY", f"tcp://127.0.0.1:{rep}")
     watcher = WatchThread(f"tcp://127.0.0.1:{pub}", tmp_path / "watched.db",
                           f"tcp://127.0.0.1:{rep}")
-    time.sleep(0.3)  # the SUB socket's subscription reaches the PUB socket
     sent: list[int] = []
     real_send = KvEventPublisher._send
 
@@ -115,7 +132,7 @@ def test_round_trip_our_cache_to_watcher(tmp_path, monkeypatch, components) -> N
         sizes.update(swa_device_tokens=384, swa_host_tokens=2048)
     spec = RunSpec(workload="chat", requests=40, seed=3, components=components, sizes=sizes,
                    store=str(tmp_path / "own.db"), telemetry_mode="inline")
-    result = execute(spec, on_step=flush_every(monkeypatch, 2))
+    result = execute(spec, on_step=flush_every(monkeypatch, 2, first=watcher.wait_connected))
     assert result.error is None
     final = result.cache.cache.snapshot()
     n_msgs = max(sent) + 1
