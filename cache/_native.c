@@ -80,19 +80,32 @@ items(const Buf *b)
     return b->view.len / b->view.itemsize;
 }
 
-/* ValueError when buffer ``w`` (written) shares memory with any of ``others``. */
+/* One argument of a kernel: its kind, whether the kernel writes it, its name in errors. */
+typedef struct {
+    enum kind kind;
+    int writable;
+    const char *name;
+} Spec;
+
+/* Acquire ``n`` buffers as ``specs`` say; ValueError when a buffer the kernel writes shares
+   memory with another argument (its writes could change what was already checked). */
 static int
-check_apart(const Buf *w, const char *wname, const Buf *others, int n, const char *const *names)
+acquire_all(PyObject *const *objs, const Spec *specs, Buf *bufs, int n)
 {
-    const char *wa = w->view.buf, *wb = wa + w->view.len;
-    for (int i = 0; i < n; i++) {
-        const Buf *o = &others[i];
-        if (o == w || !o->view.len || !w->view.len)
-            continue;
-        const char *oa = o->view.buf, *ob = oa + o->view.len;
-        if (wa < ob && oa < wb) {
-            PyErr_Format(PyExc_ValueError, "%s shares memory with %s", wname, names[i]);
+    for (int i = 0; i < n; i++)
+        if (acquire(objs[i], &bufs[i], specs[i].kind, specs[i].writable, specs[i].name) < 0)
             return -1;
+    for (int w = 0; w < n; w++) {
+        if (!specs[w].writable || !bufs[w].view.len)
+            continue;
+        const char *wa = bufs[w].view.buf, *wb = wa + bufs[w].view.len;
+        for (int i = 0; i < n; i++) {
+            const char *oa = bufs[i].view.buf, *ob = oa + bufs[i].view.len;
+            if (i != w && bufs[i].view.len && wa < ob && oa < wb) {
+                PyErr_Format(PyExc_ValueError, "%s shares memory with %s", specs[w].name,
+                             specs[i].name);
+                return -1;
+            }
         }
     }
     return 0;
@@ -109,7 +122,8 @@ PyDoc_STRVAR(check_split_doc,
 static PyObject *
 check_split(PyObject *self, PyObject *args)
 {
-    static const char *const names[] = {"indices", "used", "tree", "seen"};
+    static const Spec specs[] = {{INT64, 0, "indices"}, {BYTES, 0, "used"}, {BYTES, 0, "tree"},
+                                 {BYTES, 1, "seen"}};
     PyObject *o[4];
     Py_ssize_t split;
     Buf b[4];
@@ -121,10 +135,7 @@ check_split(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "check_split: split=%zd must be >= 0", split);
         return NULL;
     }
-    if (acquire(o[0], &b[0], INT64, 0, names[0]) < 0 || acquire(o[1], &b[1], BYTES, 0, names[1]) < 0
-            || acquire(o[2], &b[2], BYTES, 0, names[2]) < 0
-            || acquire(o[3], &b[3], BYTES, 1, names[3]) < 0
-            || check_apart(&b[3], names[3], b, 3, names) < 0)
+    if (acquire_all(o, specs, b, 4) < 0)
         goto out;
     const Py_ssize_t pages_n = items(&b[1]);
     if (items(&b[2]) != pages_n || items(&b[3]) < (pages_n + 7) / 8) {
@@ -175,18 +186,19 @@ PyDoc_STRVAR(common_len_doc,
 static PyObject *
 common_len(PyObject *self, PyObject *args)
 {
-    PyObject *oa, *ob;
+    static const Spec specs[] = {{INT64, 0, "a"}, {INT64, 0, "b"}};
+    PyObject *o[2];
     Py_ssize_t off;
     Buf b[2];
     PyObject *result = NULL;
     memset(b, 0, sizeof b);
-    if (!PyArg_ParseTuple(args, "OnO:common_len", &oa, &off, &ob))
+    if (!PyArg_ParseTuple(args, "OnO:common_len", &o[0], &off, &o[1]))
         return NULL;
     if (off < 0) {
         PyErr_Format(PyExc_ValueError, "common_len: a_off=%zd must be >= 0", off);
         return NULL;
     }
-    if (acquire(oa, &b[0], INT64, 0, "a") < 0 || acquire(ob, &b[1], INT64, 0, "b") < 0)
+    if (acquire_all(o, specs, b, 2) < 0)
         goto out;
     const Py_ssize_t na = items(&b[0]), nb = items(&b[1]);
     Py_ssize_t n = off >= na ? 0 : na - off;
@@ -234,7 +246,7 @@ PyDoc_STRVAR(alloc_pages_doc,
 static PyObject *
 alloc_pages(PyObject *self, PyObject *args)
 {
-    static const char *const names[] = {"stack", "out", "used"};
+    static const Spec specs[] = {{STACK, 0, "stack"}, {INT64, 1, "out"}, {BYTES, 1, "used"}};
     PyObject *o[3];
     Py_ssize_t top;
     Buf b[3];
@@ -242,10 +254,7 @@ alloc_pages(PyObject *self, PyObject *args)
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OnOO:alloc_pages", &o[0], &top, &o[1], &o[2]))
         return NULL;
-    if (acquire(o[0], &b[0], STACK, 0, names[0]) < 0 || acquire(o[1], &b[1], INT64, 1, names[1]) < 0
-            || acquire(o[2], &b[2], BYTES, 1, names[2]) < 0
-            || check_apart(&b[1], names[1], b, 3, names) < 0
-            || check_apart(&b[2], names[2], b, 3, names) < 0)
+    if (acquire_all(o, specs, b, 3) < 0)
         goto out;
     const Py_ssize_t k = items(&b[1]), cap = items(&b[0]);
     if (top < k || top > cap) {
@@ -283,7 +292,8 @@ PyDoc_STRVAR(free_pages_doc,
 static PyObject *
 free_pages(PyObject *self, PyObject *args)
 {
-    static const char *const names[] = {"pages", "used", "tree", "stack"};
+    static const Spec specs[] = {{INT64, 0, "pages"}, {BYTES, 1, "used"}, {BYTES, 1, "tree"},
+                                 {STACK, 1, "stack"}};
     PyObject *o[4];
     Py_ssize_t top;
     int clear_tree;
@@ -293,13 +303,8 @@ free_pages(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOnp:free_pages", &o[0], &o[1], &o[2], &o[3], &top,
                           &clear_tree))
         return NULL;
-    if (acquire(o[0], &b[0], INT64, 0, names[0]) < 0 || acquire(o[1], &b[1], BYTES, 1, names[1]) < 0
-            || acquire(o[2], &b[2], BYTES, 1, names[2]) < 0
-            || acquire(o[3], &b[3], STACK, 1, names[3]) < 0)
+    if (acquire_all(o, specs, b, 4) < 0)
         goto out;
-    for (int w = 1; w < 4; w++)
-        if (check_apart(&b[w], names[w], b, 4, names) < 0)
-            goto out;
     const uint64_t *pg = (const uint64_t *)b[0].view.buf;
     uint8_t *used = b[1].view.buf, *tree = b[2].view.buf;
     const Py_ssize_t n = items(&b[0]), cap = items(&b[3]);
