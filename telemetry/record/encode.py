@@ -146,19 +146,39 @@ def encode_one(record: tuple) -> bytes | tuple:
         return record
 
 
+class Chunk(NamedTuple):
+    """Records the native sink encoded (``Sink.take``): ``data`` is their ``encode_one``
+    encodings, concatenated."""
+
+    n: int
+    data: bytes
+
+
 def join_encoded(parts: list) -> tuple[bytes, list[tuple]]:
-    """One blob, equal to ``encode_batch`` of the records, from ``encode_one`` results: the
-    marshal list header and the parts joined (marshal version 2 has no back-references, so
-    a list's encoding is its header followed by its items'). Returns ``(blob, lost)``."""
+    """One blob, equal to ``encode_batch`` of the records, from the recorder's buffered parts
+    (``encode_one`` results and ``Chunk`` s, oldest first): the marshal list header and the
+    parts joined (marshal version 2 has no back-references, so a list's encoding is its header
+    followed by its items'). Returns ``(blob, lost)``."""
+    n = 0
     for p in parts:
-        if type(p) is not bytes:  # a record marshal could not take: the whole batch as before
-            return encode_batch([_UNMARSHAL(x) if type(x) is bytes else x for x in parts])
-    return b"[" + len(parts).to_bytes(4, "little") + b"".join(parts), []
+        t = type(p)
+        if t is bytes:
+            n += 1
+        elif t is Chunk:
+            n += p.n
+        else:  # a record marshal could not take: the whole batch as before
+            return encode_batch([rec for part in parts for rec in part_records(part)])
+    return b"[" + n.to_bytes(4, "little") + b"".join(
+        p if type(p) is bytes else p.data for p in parts), []
 
 
-def decode_one(part: bytes | tuple) -> tuple:
-    """The record an ``encode_one`` result holds."""
-    return _UNMARSHAL(part) if type(part) is bytes else part
+def part_records(part: bytes | tuple | Chunk) -> list[tuple]:
+    """The records one buffered part holds (see ``join_encoded``)."""
+    if type(part) is bytes:
+        return [_UNMARSHAL(part)]
+    if type(part) is Chunk:
+        return _UNMARSHAL(b"[" + part.n.to_bytes(4, "little") + part.data)
+    return [part]
 
 
 def decode(blob: bytes) -> list[tuple]:

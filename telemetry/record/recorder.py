@@ -1,29 +1,38 @@
-"""The recorder the cache records into: one tuple and one list append per op.
+"""The recorder the cache records into: one call per op, one buffer append.
 
 ``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
-its span's ids (``compact_record``), encodes the record with its mutations into ``bytes``
-(``encode_one``: marshal) and appends that to a buffer. At every drain, flush and close (the
-drain thread's cycle, every ``interval_s``) the buffer is joined into one blob
-(``join_encoded``: a header and a ``bytes.join``) and queued on the pending deque; the cache's
-thread joins it itself only when it reaches ``encode_batch`` records (a drain thread that
-fell behind), so no op pays for queueing the others' records. Encoding as each op ends, rather
-than queueing the records' objects until a drain, is deliberate: ``bytes`` are invisible to the
-garbage collector, while thousands of queued tuples and lists make it run far more often on
-the cache's thread, including full whole-heap passes; the op's tuples die young. Encoding each
-record alone costs about its share of a batch (marshal version 2 has no back-references), and
-no op pays for encoding the records of others: a batch encoded at once (64 records, ~170 us on
-the issue-17 workload) was the p99 of every op with telemetry on. The pipeline's drain thread (``telemetry/record/drain.py``) ships
-the blobs in batches and keeps the last of them as the flight-recorder ring (``tail()`` decodes
-on demand). Side messages (host spans, events, violations) enter through ``submit``.
+its span's ids (``compact_record``) and appends the record with its mutations, encoded as
+``marshal`` version 2 encodes it, to a buffer. Where the native encoder was built
+(``telemetry/record/sink.py``: ``ENCODER == "native"``) the cache calls a C ``Sink`` that does
+all of that in one call, with no Python object made per record; otherwise ``record`` below does
+it in Python (``encode_one``: marshal). At every drain, flush and close (the drain thread's
+cycle, every ``interval_s``) the buffer is joined into one blob (``join_encoded``: a header and
+a ``bytes.join``) and queued on the pending deque; the cache's thread joins it itself only when
+it reaches ``encode_batch`` records (a drain thread that fell behind), so no op pays for
+queueing the others' records. Encoding as each op ends, rather than queueing the records'
+objects until a drain, is deliberate: ``bytes`` are invisible to the garbage collector, while
+thousands of queued tuples and lists make it run far more often on the cache's thread,
+including full whole-heap passes; the op's tuples die young. Encoding each record alone costs
+about its share of a batch (marshal version 2 has no back-references), and no op pays for
+encoding the records of others: a batch encoded at once (64 records, ~170 us on the issue-17
+workload) was the p99 of every op with telemetry on. The pipeline's drain thread
+(``telemetry/record/drain.py``) ships the blobs in batches and keeps the last of them as the
+flight-recorder ring (``tail()`` decodes on demand). Side messages (host spans, events,
+violations) enter through ``submit``.
 
 Overflow: when ``queue_capacity`` records are buffered or pending, ``overflow="block"`` waits
 up to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and
 then drops; ``overflow="drop"`` drops at once. Every dropped op and mutation is counted in
-``health.dropped``. ``record`` never raises.
+``health.dropped``. ``record`` never raises. The sink checks one number per call (``limit``:
+records its buffer may still take) and hands everything else back to the methods here: a full
+buffer (``_full``), a record it cannot encode (``_fallback``: the Python path, which pickles
+what marshal cannot take), a context it has not seen last (``_parent_of``).
 
 Threads: only the cache's thread appends to the buffer; ``seal`` (the cache's thread when the
-buffer is full, the drain thread, ``flush``, ``close``) takes a prefix of it under a lock and
-queues its blob under the same lock, so blobs are queued in recording order.
+buffer is full, the drain thread, ``flush``, ``close``) takes it under a lock and queues its
+blob under the same lock, so blobs are queued in recording order. Records the Python path
+appends while a sink is in use (``_fallback``, ``_overflow``) first move the sink's buffer aside
+under that lock (``_move_sink``), so the buffer's parts stay in recording order too.
 """
 
 from __future__ import annotations
@@ -39,16 +48,19 @@ from radixscope.telemetry.record.drops import DROP_EVENT, DROP_MUTATION, DROP_OP
 from radixscope.telemetry.record.encode import (
     _MARSHAL,
     _MARSHAL_VERSION,
+    Chunk,
     _parent_ids,
     compact_record,
     decode,
-    decode_one,
     encode_one,
+    part_records,
     join_encoded,
     named_records,
 )
+from radixscope.telemetry.record.sink import ENCODER, Sink
 
 OVERFLOW_POLICIES = ("block", "drop")
+ENCODERS = ("native", "python")
 
 
 class TelemetryRecorder(FlightRecorder):
@@ -65,13 +77,16 @@ class TelemetryRecorder(FlightRecorder):
         capture_context: ask the cache to capture the caller's OTel context per op.
         encode_batch: buffered records at which the cache's thread joins and queues them
             itself (the drain thread does it every cycle); 1: each record its own blob.
+        encoder: ``"native"`` (the C ``Sink``; the default where it was built) or
+            ``"python"``; both write the same bytes.
     """
 
     enabled = True
 
     def __init__(self, health: Health, queue_capacity: int = 262144, overflow: str = "block",
                  block_timeout_s: float = 2.0, ring_capacity: int = 4096,
-                 capture_context: bool = True, encode_batch: int = 4096) -> None:
+                 capture_context: bool = True, encode_batch: int = 4096,
+                 encoder: str = ENCODER) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: must be one of {OVERFLOW_POLICIES}")
         if queue_capacity < 1:
@@ -82,21 +97,34 @@ class TelemetryRecorder(FlightRecorder):
             raise ValueError(f"ring_capacity={ring_capacity!r}: must be >= 0")
         if encode_batch < 1:
             raise ValueError(f"encode_batch={encode_batch!r}: must be >= 1")
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder={encoder!r}: must be one of {ENCODERS}")
+        if encoder == "native" and Sink is None:
+            raise ValueError("encoder='native': the native encoder was not built (or "
+                             "RADIXSCOPE_NATIVE=0); use encoder='python'")
         super().__init__(capacity=max(1, ring_capacity), capture_context=capture_context)
         self.ring_capacity = ring_capacity
         self.health = health
-        self.queue_capacity = queue_capacity
         self.overflow = overflow
         self.block_timeout_s = block_timeout_s
         self.encode_batch = encode_batch
+        self.encoder = encoder
         self.pending: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
         self.queued = 0  # records in ``pending``
-        self._buf: list = []  # encoded records not queued yet (``encode_one``; the cache's thread)
+        # encoded records not queued yet, oldest first (the cache's thread appends): ``bytes``
+        # (one record), a tuple (one record marshal cannot take), a ``Chunk`` (the sink's)
+        self._parts: list = []
+        self._chunked = 0  # records in ``_parts``' chunks beyond one each (under ``_buf_lock``)
         self._buf_lock = threading.Lock()
         self.ring: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
         self._ring_records = 0
-        self.recorded_seq = -1  # seq_last of the newest op recorded
+        self._recorded_seq = -1  # seq_last of the newest op recorded on the Python path
         self._last: list = [(None, (0, 0, 0, False))]  # (caller context, its span's ids): see encode
+        self._sink = None
+        if encoder == "native":
+            self._sink = Sink(self._full, self._fallback, self._parent_of)
+            self.record = self._sink  # what the cache calls: the C hot path
+        self.queue_capacity = queue_capacity  # sets the sink's limit
         self.side: collections.deque[tuple] = collections.deque()
         self.attached = threading.Event()
         self.closed = False
@@ -106,6 +134,35 @@ class TelemetryRecorder(FlightRecorder):
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
             os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    @property
+    def queue_capacity(self) -> int:
+        return self._capacity
+
+    @queue_capacity.setter
+    def queue_capacity(self, value: int) -> None:
+        """Also set when the pipeline closes (0: later records are dropped and counted)."""
+        self._capacity = value
+        self._set_limit()
+
+    @property
+    def recorded_seq(self) -> int:
+        """seq_last of the newest op recorded (-1 before any)."""
+        sink = self._sink
+        return self._recorded_seq if sink is None else max(self._recorded_seq,
+                                                            sink.recorded_seq)
+
+    def buffered(self) -> int:
+        """Records encoded and not queued yet."""
+        return len(self._parts) + self._chunked + (0 if self._sink is None else self._sink.n)
+
+    def _set_limit(self) -> None:
+        """The records the sink may still take before it calls ``_full``: up to a batch, and
+        no more than the capacity leaves (callers hold ``_buf_lock``, or own the recorder)."""
+        sink = self._sink
+        if sink is not None:
+            held = len(self._parts) + self._chunked
+            sink.limit = min(self.encode_batch, self._capacity - self.queued) - held
 
     # ---- the cache-facing interface -------------------------------------------------------
     def attach(self, info: dict, snapshot: Any) -> None:
@@ -120,11 +177,12 @@ class TelemetryRecorder(FlightRecorder):
             self.attached.set()
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
-        """The hot path: reduce, encode, append (queued by the drain thread, or here once
+        """The hot path on the Python encoder (the native one replaces this method on the
+        instance): reduce, encode, append (queued by the drain thread, or here once
         ``encode_batch`` records wait). Never raises."""
         try:
-            buf = self._buf
-            if self.queued + len(buf) < self.queue_capacity:
+            parts = self._parts
+            if self.queued + len(parts) + self._chunked < self._capacity:
                 # compact_record + encode_one, inline (this runs once per cache op)
                 ctx = op[5]
                 last = self._last[0]
@@ -132,26 +190,70 @@ class TelemetryRecorder(FlightRecorder):
                 rec = (op[0], op[1], op[2], op[3], op[4], parent, op[6], op[7], op[8], op[9],
                        mutations)
                 try:
-                    buf.append(_MARSHAL(rec, _MARSHAL_VERSION))
+                    parts.append(_MARSHAL(rec, _MARSHAL_VERSION))
                 except ValueError:
-                    buf.append(rec)  # joined by join_encoded's fallback
-                if len(buf) >= self.encode_batch:
+                    parts.append(rec)  # joined by join_encoded's fallback
+                if len(parts) + self._chunked >= self.encode_batch:
                     self.seal()
             else:
                 self._overflow(op, mutations)
-            self.recorded_seq = op[7]  # seq_last
+            self._recorded_seq = op[7]  # seq_last
         except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
             self.health.fail("record", e)
             self.health.drop(DROP_OP)
             self.health.drop(DROP_MUTATION, _safe_len(mutations))
+
+    def _full(self, op: tuple, mutations: list[tuple]) -> None:
+        """The sink's buffer reached its limit: seal it when a batch is due, then let the sink
+        take the record, or apply the overflow policy. Never raises."""
+        try:
+            if self.buffered() >= self.encode_batch:
+                self.seal()
+            with self._buf_lock:
+                self._set_limit()
+            sink = self._sink
+            if sink.n < sink.limit:
+                sink(op, mutations)
+            else:
+                self._overflow(op, mutations)
+        except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
+            self.health.fail("record", e)
+            self.health.drop(DROP_OP)
+            self.health.drop(DROP_MUTATION, _safe_len(mutations))
+
+    def _fallback(self, op: tuple, mutations: list[tuple]) -> None:
+        """A record the sink could not encode (a value marshal cannot take, or not an op
+        tuple): the Python path, behind the sink's buffer. Never raises."""
+        try:
+            self._move_sink()
+        except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
+            self.health.fail("record", e)
+        TelemetryRecorder.record(self, op, mutations)
+
+    def _parent_of(self, ctx: Any) -> tuple[int, int, int, bool]:
+        """The sink's lookup of a context it has not seen last."""
+        return _parent_ids(ctx, self._last)
+
+    def _move_sink(self) -> None:
+        """The sink's buffer, as one ``Chunk``, to the end of ``_parts`` (so that a record the
+        Python path appends next comes after it)."""
+        if self._sink is None:
+            return
+        with self._buf_lock:
+            n, data = self._sink.take()
+            if n:
+                self._parts.append(Chunk(n, data))
+                self._chunked += n - 1
+            self._set_limit()
 
     def _overflow(self, op: tuple, mutations: list[tuple]) -> None:
         if self.overflow == "block" and not self.closed:
             self.wake.set()
             self._room.clear()
             if (self._room.wait(self.block_timeout_s)
-                    and self.queued + len(self._buf) < self.queue_capacity):
-                self._buf.append(encode_one(compact_record(op, mutations, self._last)))
+                    and self.queued + self.buffered() < self._capacity):
+                self._move_sink()
+                self._parts.append(encode_one(compact_record(op, mutations, self._last)))
                 return
         self.health.drop(DROP_OP)
         self.health.drop(DROP_MUTATION, _safe_len(mutations))
@@ -159,21 +261,27 @@ class TelemetryRecorder(FlightRecorder):
     def seal(self) -> None:
         """Join what the buffer holds into one blob and queue it (any thread)."""
         with self._buf_lock:
-            buf = self._buf
-            n = len(buf)
-            if not n:
-                return
-            parts = buf[:n]
-            del buf[:n]
-            blob, lost = join_encoded(parts)
-            for rec in lost:
-                self.health.fail("record.encode", None, f"op {rec[0]} ({rec[1]}) cannot be "
-                                 "encoded")
-                self.health.drop(DROP_OP)
-                self.health.drop(DROP_MUTATION, _safe_len(rec[10]))
-            if len(lost) < n:
-                self.pending.append((n - len(lost), blob))
-                self.queued += n - len(lost)
+            parts = self._parts
+            k = len(parts)
+            taken = parts[:k]
+            del parts[:k]
+            n = k + self._chunked
+            self._chunked = 0
+            if self._sink is not None and self._sink.n:
+                m, data = self._sink.take()
+                taken.append(Chunk(m, data))
+                n += m
+            if n:
+                blob, lost = join_encoded(taken)
+                for rec in lost:
+                    self.health.fail("record.encode", None, f"op {rec[0]} ({rec[1]}) cannot be "
+                                     "encoded")
+                    self.health.drop(DROP_OP)
+                    self.health.drop(DROP_MUTATION, _safe_len(rec[10]))
+                if len(lost) < n:
+                    self.pending.append((n - len(lost), blob))
+                    self.queued += n - len(lost)
+            self._set_limit()
 
     # ---- side channel (any thread) --------------------------------------------------------
     def submit(self, message: tuple) -> None:
@@ -197,6 +305,7 @@ class TelemetryRecorder(FlightRecorder):
                 out.append(entry)
                 n += entry[0]
             self.queued -= n
+            self._set_limit()
         if out:
             self._room.set()
         return out
@@ -223,8 +332,12 @@ class TelemetryRecorder(FlightRecorder):
         (``context=None``) and their ``Mutation`` s, oldest first (for crash bundles)."""
         with self._buf_lock:
             blobs = [blob for _, blob in list(self.ring) + list(self.pending)]
-            buffered = [decode_one(p) for p in self._buf]
-        records = [rec for blob in blobs for rec in decode(blob)] + buffered
+            parts = list(self._parts)
+            if self._sink is not None and self._sink.n:
+                parts.append(Chunk(*self._sink.peek()))
+        records = [rec for blob in blobs for rec in decode(blob)]
+        for part in parts:
+            records.extend(part_records(part))
         if n_ops is not None:
             records = records[-n_ops:] if n_ops > 0 else []
         ops: list[OpRecord] = []
@@ -238,12 +351,16 @@ class TelemetryRecorder(FlightRecorder):
         """In a forked child there is no drain thread: drop (and count) instead of queueing
         or blocking."""
         self.closed = True
-        self.queue_capacity = 0
         self.overflow = "drop"
         self.pending.clear()
         self.queued = 0
-        self._buf.clear()
+        self._parts.clear()
+        self._chunked = 0
+        if self._sink is not None:
+            self._sink.take()
+            self._sink.forget_context()
         self._buf_lock = threading.Lock()  # a lock held by a parent's thread stays held here
+        self.queue_capacity = 0
         self.side.clear()
         self._last = [(None, (0, 0, 0, False))]
 

@@ -359,17 +359,19 @@ def test_the_flight_ring_keeps_its_records_however_they_were_batched():
 
 
 def test_records_encoded_one_by_one_join_into_the_batch_blob():
-    """The recorder encodes each record as its op ends (``encode_one``) and joins a batch's
-    parts (``join_encoded``): the blob is byte for byte ``encode_batch``'s, and a record marshal
-    cannot take (a date attribute) sends the batch down ``encode_batch``'s pickle path."""
+    """The recorder encodes each record as its op ends (``encode_one``, or the native sink's
+    ``Chunk`` of several) and joins a batch's parts (``join_encoded``): the blob is byte for
+    byte ``encode_batch``'s, and a record marshal cannot take (a date attribute) sends the batch
+    down ``encode_batch``'s pickle path."""
     import datetime
 
     from radixscope.telemetry.record.encode import (
+        Chunk,
         decode,
-        decode_one,
         encode_batch,
         encode_one,
         join_encoded,
+        part_records,
     )
 
     recs = [(i, "insert", 10 * i, 10 * i + 5, f"r{i}", (0, 0, 0, False), i, i,
@@ -380,8 +382,13 @@ def test_records_encoded_one_by_one_join_into_the_batch_blob():
     assert all(type(p) is bytes for p in parts)
     blob, lost = join_encoded(parts)
     assert lost == [] and blob == encode_batch(recs)[0] and decode(blob) == recs
+    chunked = [parts[0], Chunk(3, b"".join(parts[1:4])), parts[4]]
+    assert part_records(chunked[1]) == recs[1:4]
+    assert join_encoded(chunked) == (blob, [])
     odd = recs[:2] + [(*recs[2][:8], {"at": datetime.date(2026, 1, 1)}, None, [])]
     parts = [encode_one(r) for r in odd]
-    assert type(parts[2]) is tuple and decode_one(parts[0]) == odd[0]
+    assert type(parts[2]) is tuple and part_records(parts[0]) == [odd[0]]
     blob, lost = join_encoded(parts)
+    assert lost == [] and blob[0] == 0x80 and decode(blob) == odd
+    blob, lost = join_encoded([Chunk(2, parts[0] + parts[1]), parts[2]])
     assert lost == [] and blob[0] == 0x80 and decode(blob) == odd

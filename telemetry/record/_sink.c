@@ -1,0 +1,540 @@
+/* The recorder's hot path in C (``radixscope.telemetry.record._sink``).
+
+A ``Sink`` is what the cache calls once per op, ``sink(op, mutations)``: it reduces the op's
+caller context to its parent span's ids (remembering the last context, as ``compact_record``
+does), and appends the compact record ``(op_id, op, start_ns, end_ns, req_id, parent, seq_first,
+seq_last, attrs, error, mutations)`` to one growing buffer, encoded exactly as
+``marshal.dumps(record, 2)`` encodes it, so the sinks' decoding (``marshal.loads``) is unchanged.
+None, bools, exact ints, strs, tuples, lists and buffers (a created node's tokens) are written
+here; any other value (a dict, a float) is handed to marshal's own writer and spliced in
+(version 2 has no back-references, so encodings concatenate). No Python object is made per
+record.
+
+Everything but the common case goes back to Python, to the recorder's own methods:
+
+- ``full(op, mutations)`` when ``n`` (records buffered) has reached ``limit`` (the recorder
+  seals the buffer, or applies its overflow policy);
+- ``fallback(op, mutations)`` when the record is not a 10-tuple, or a value cannot be encoded
+  here or by marshal (the recorder's pure-Python path pickles it, or counts it as lost);
+- ``parent_of(context)`` for a context not seen last: its span's ids, a 4-tuple.
+
+Nothing is written before ``parent_of`` returns, and a failed encode leaves the buffer as it was.
+Encoding the builtin types runs no Python code, so no other thread can run while a record is
+half written; for other types (whose buffer Python code may provide) ``take`` and ``peek`` refuse
+while a record is being written, rather than cut it. ``SINK_ABI`` changes whenever the
+interface does: ``telemetry/record/sink.py`` refuses a build whose number is not its own. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <marshal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SINK_ABI 1
+#define MARSHAL_VERSION 2
+#define MAX_DEPTH 64 /* deeper values go to marshal's writer, which has its own limit */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    char *buf;
+    Py_ssize_t len, cap;
+    Py_ssize_t n;     /* records in buf */
+    int busy;         /* a record is being written: see ``append`` */
+    Py_ssize_t limit; /* records allowed in buf before ``full`` is called */
+    long long recorded_seq;
+    PyObject *full, *fallback, *parent_of;
+    PyObject *last_ctx, *last_parent; /* the context seen last and its span's ids */
+} Sink;
+
+/* ---- the buffer ------------------------------------------------------------------------- */
+
+static int
+reserve(Sink *s, Py_ssize_t more)
+{
+    if (s->cap - s->len >= more)
+        return 0;
+    Py_ssize_t cap = s->cap ? s->cap : 4096;
+    while (cap - s->len < more) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *p = PyMem_Realloc(s->buf, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->buf = p;
+    s->cap = cap;
+    return 0;
+}
+
+static inline int
+put(Sink *s, const void *data, Py_ssize_t size)
+{
+    if (reserve(s, size) < 0)
+        return -1;
+    memcpy(s->buf + s->len, data, (size_t)size);
+    s->len += size;
+    return 0;
+}
+
+static inline int
+put_type_int32(Sink *s, char type, int32_t v)
+{
+    if (reserve(s, 5) < 0)
+        return -1;
+    unsigned char *p = (unsigned char *)s->buf + s->len;
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)type;
+    p[1] = (unsigned char)(u & 0xff);
+    p[2] = (unsigned char)((u >> 8) & 0xff);
+    p[3] = (unsigned char)((u >> 16) & 0xff);
+    p[4] = (unsigned char)((u >> 24) & 0xff);
+    s->len += 5;
+    return 0;
+}
+
+/* ---- marshal version 2, the common types -------------------------------------------------- */
+
+static int encode(Sink *s, PyObject *v, int depth);
+
+/* Anything else: marshal's own writer, spliced in. */
+static int
+encode_by_marshal(Sink *s, PyObject *v)
+{
+    PyObject *b = PyMarshal_WriteObjectToString(v, MARSHAL_VERSION);
+    if (b == NULL)
+        return -1;
+    int r = put(s, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return r;
+}
+
+/* marshal's TYPE_LONG: the magnitude in 15-bit digits, least significant first, their count
+   signed by the value's sign. */
+static int
+encode_long64(Sink *s, long long x)
+{
+    unsigned long long mag = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+    int32_t digits = 0;
+    for (unsigned long long m = mag; m; m >>= 15)
+        digits++;
+    if (put_type_int32(s, 'l', x < 0 ? -digits : digits) < 0 || reserve(s, 2 * digits) < 0)
+        return -1;
+    unsigned char *p = (unsigned char *)s->buf + s->len;
+    for (int32_t i = 0; i < digits; i++, mag >>= 15) {
+        p[2 * i] = (unsigned char)(mag & 0xff);
+        p[2 * i + 1] = (unsigned char)((mag >> 8) & 0x7f);
+    }
+    s->len += 2 * digits;
+    return 0;
+}
+
+static int
+encode_int(Sink *s, PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow)
+        return encode_by_marshal(s, v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x >= INT32_MIN && x <= INT32_MAX)
+        return put_type_int32(s, 'i', (int32_t)x);
+    return encode_long64(s, x);
+}
+
+static int
+encode_str(Sink *s, PyObject *v)
+{
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size);
+    if (utf8 == NULL) { /* lone surrogates: marshal writes them ("surrogatepass") */
+        PyErr_Clear();
+        return encode_by_marshal(s, v);
+    }
+    if (size > INT32_MAX)
+        return encode_by_marshal(s, v);
+    if (put_type_int32(s, 'u', (int32_t)size) < 0)
+        return -1;
+    return put(s, utf8, size);
+}
+
+/* marshal's TYPE_STRING, which it writes for bytes and for any other object with a buffer (a
+   created node's tokens, an ``array('Q')``): copied straight from the buffer. */
+static int
+encode_buffer(Sink *s, PyObject *v)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(v, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return encode_by_marshal(s, v);
+    }
+    int r;
+    if (view.len > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "buffer too long to encode");
+        r = -1;
+    } else {
+        r = put_type_int32(s, 's', (int32_t)view.len);
+        if (r == 0)
+            r = put(s, view.buf, view.len);
+    }
+    PyBuffer_Release(&view);
+    return r;
+}
+
+static int
+encode_items(Sink *s, char type, PyObject **items, Py_ssize_t size, int depth)
+{
+    if (size > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
+        return -1;
+    }
+    if (put_type_int32(s, type, (int32_t)size) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (encode(s, items[i], depth + 1) < 0)
+            return -1;
+    return 0;
+}
+
+static int
+encode(Sink *s, PyObject *v, int depth)
+{
+    if (v == Py_None)
+        return put(s, "N", 1);
+    if (v == Py_True)
+        return put(s, "T", 1);
+    if (v == Py_False)
+        return put(s, "F", 1);
+    if (depth > MAX_DEPTH)
+        return encode_by_marshal(s, v);
+    if (PyLong_CheckExact(v))
+        return encode_int(s, v);
+    if (PyUnicode_CheckExact(v))
+        return encode_str(s, v);
+    if (PyTuple_CheckExact(v))
+        return encode_items(s, '(', &PyTuple_GET_ITEM(v, 0), PyTuple_GET_SIZE(v), depth);
+    if (PyList_CheckExact(v)) {
+        /* a list is written under the GIL with no Python code running: it cannot change */
+        return encode_items(s, '[', PyList_GET_SIZE(v) ? &PyList_GET_ITEM(v, 0) : NULL,
+                            PyList_GET_SIZE(v), depth);
+    }
+    if (PyObject_CheckBuffer(v)) /* no type marshal checks before its buffer case has one */
+        return encode_buffer(s, v);
+    return encode_by_marshal(s, v);
+}
+
+/* ---- the call ------------------------------------------------------------------------------ */
+
+#define OP_FIELDS 10 /* an OpRecord: (op_id, op, start_ns, end_ns, req_id, context, ...) */
+#define CTX 5
+
+static PyObject *
+call_back(PyObject *fn, PyObject *op, PyObject *muts)
+{
+    PyObject *args[2] = {op, muts};
+    return PyObject_Vectorcall(fn, args, 2, NULL);
+}
+
+/* The parent span's ids of ``ctx`` (borrowed from the sink), or NULL with an error. */
+static PyObject *
+parent_ids(Sink *s, PyObject *ctx)
+{
+    if (ctx == s->last_ctx && s->last_parent != NULL)
+        return s->last_parent;
+    PyObject *parent = PyObject_CallOneArg(s->parent_of, ctx);
+    if (parent == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(parent) || PyTuple_GET_SIZE(parent) != 4) {
+        PyErr_Format(PyExc_TypeError, "parent_of returned %R, not a 4-tuple", parent);
+        Py_DECREF(parent);
+        return NULL;
+    }
+    Py_INCREF(ctx);
+    Py_XSETREF(s->last_ctx, ctx);
+    Py_XSETREF(s->last_parent, parent);
+    return parent;
+}
+
+/* Append one record; on failure the buffer is as it was and an error is set. */
+static int
+append(Sink *s, PyObject *op, PyObject *muts)
+{
+    PyObject *parent = parent_ids(s, PyTuple_GET_ITEM(op, CTX));
+    if (parent == NULL)
+        return -1;
+    /* Encoding the builtin types runs no Python code, but an object of another type may (its
+       buffer, on Python 3.12+): another thread's ``take`` must not cut a half-written record */
+    Py_INCREF(parent);
+    s->busy = 1;
+    Py_ssize_t mark = s->len;
+    int r = put_type_int32(s, '(', OP_FIELDS + 1);
+    for (Py_ssize_t i = 0; r == 0 && i < OP_FIELDS; i++)
+        r = encode(s, i == CTX ? parent : PyTuple_GET_ITEM(op, i), 1);
+    if (r == 0)
+        r = encode(s, muts, 1);
+    Py_DECREF(parent);
+    s->busy = 0;
+    if (r < 0) {
+        s->len = mark;
+        return -1;
+    }
+    s->n++;
+    return 0;
+}
+
+static PyObject *
+sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Sink *s = (Sink *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Sink takes (op, mutations)");
+        return NULL;
+    }
+    PyObject *op = args[0], *muts = args[1], *r = NULL;
+    if (!PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS || !PyList_CheckExact(muts))
+        r = call_back(s->fallback, op, muts);
+    else if (s->n >= s->limit || s->busy)
+        r = call_back(s->full, op, muts);
+    else if (append(s, op, muts) == 0)
+        r = Py_NewRef(Py_None);
+    else {
+        PyErr_Clear(); /* the Python path encodes it otherwise, or counts it as lost */
+        r = call_back(s->fallback, op, muts);
+    }
+    if (PyTuple_CheckExact(op) && PyTuple_GET_SIZE(op) == OP_FIELDS) {
+        PyObject *last = PyTuple_GET_ITEM(op, 7);
+        if (PyLong_CheckExact(last)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(last, &overflow);
+            if (!overflow && !(v == -1 && PyErr_Occurred()))
+                s->recorded_seq = v;
+            else if (!overflow)
+                PyErr_Clear();
+        }
+    }
+    return r;
+}
+
+/* ---- methods -------------------------------------------------------------------------------- */
+
+static PyObject *
+contents(Sink *s)
+{
+    if (s->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the sink is writing a record; try again");
+        return NULL;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(s->buf, s->len);
+    if (data == NULL)
+        return NULL;
+    PyObject *out = Py_BuildValue("(nN)", s->n, data);
+    return out;
+}
+
+static PyObject *
+sink_take(PyObject *self, PyObject *unused)
+{
+    Sink *s = (Sink *)self;
+    PyObject *out = contents(s);
+    if (out == NULL)
+        return NULL;
+    s->len = 0;
+    s->n = 0;
+    if (s->cap > (1 << 24)) { /* a burst grew it: give the memory back */
+        PyMem_Free(s->buf);
+        s->buf = NULL;
+        s->cap = 0;
+    }
+    return out;
+}
+
+static PyObject *
+sink_peek(PyObject *self, PyObject *unused)
+{
+    return contents((Sink *)self);
+}
+
+static PyObject *
+sink_forget_context(PyObject *self, PyObject *unused)
+{
+    Sink *s = (Sink *)self;
+    Py_CLEAR(s->last_ctx);
+    Py_CLEAR(s->last_parent);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef sink_methods[] = {
+    {"take", sink_take, METH_NOARGS,
+     "take() -> (records, bytes): the buffered records, their encodings concatenated (a marshal "
+     "list's items); the buffer is emptied"},
+    {"peek", sink_peek, METH_NOARGS, "peek() -> (records, bytes): as take(), leaving them"},
+    {"forget_context", sink_forget_context, METH_NOARGS,
+     "drop the remembered context (a forked child's contexts are not its parent's)"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- the type -------------------------------------------------------------------------------- */
+
+static int
+sink_init(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"full", "fallback", "parent_of", NULL};
+    Sink *s = (Sink *)self;
+    PyObject *full, *fallback, *parent_of;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Sink", names, &full, &fallback, &parent_of))
+        return -1;
+    PyObject *fns[3] = {full, fallback, parent_of};
+    for (int i = 0; i < 3; i++)
+        if (!PyCallable_Check(fns[i])) {
+            PyErr_Format(PyExc_TypeError, "Sink: %s=%R is not callable", names[i], fns[i]);
+            return -1;
+        }
+    Py_XSETREF(s->full, Py_NewRef(full));
+    Py_XSETREF(s->fallback, Py_NewRef(fallback));
+    Py_XSETREF(s->parent_of, Py_NewRef(parent_of));
+    s->limit = 0;
+    s->recorded_seq = -1;
+    return 0;
+}
+
+static PyObject *
+sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Sink *s = (Sink *)type->tp_alloc(type, 0);
+    if (s != NULL)
+        s->vectorcall = sink_vectorcall;
+    return (PyObject *)s;
+}
+
+static int
+sink_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Sink *s = (Sink *)self;
+    Py_VISIT(s->full);
+    Py_VISIT(s->fallback);
+    Py_VISIT(s->parent_of);
+    Py_VISIT(s->last_ctx);
+    Py_VISIT(s->last_parent);
+    return 0;
+}
+
+static int
+sink_clear(PyObject *self)
+{
+    Sink *s = (Sink *)self;
+    Py_CLEAR(s->full);
+    Py_CLEAR(s->fallback);
+    Py_CLEAR(s->parent_of);
+    Py_CLEAR(s->last_ctx);
+    Py_CLEAR(s->last_parent);
+    return 0;
+}
+
+static void
+sink_dealloc(PyObject *self)
+{
+    Sink *s = (Sink *)self;
+    PyObject_GC_UnTrack(self);
+    sink_clear(self);
+    PyMem_Free(s->buf);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *
+sink_get_limit(PyObject *self, void *closure)
+{
+    return PyLong_FromSsize_t(((Sink *)self)->limit);
+}
+
+static int
+sink_set_limit(PyObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "limit must be an int");
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow > 0 || v > PY_SSIZE_T_MAX)
+        v = PY_SSIZE_T_MAX;
+    else if (overflow < 0 || v < 0)
+        v = 0;
+    ((Sink *)self)->limit = (Py_ssize_t)v;
+    return 0;
+}
+
+static PyObject *
+sink_get_n(PyObject *self, void *closure)
+{
+    return PyLong_FromSsize_t(((Sink *)self)->n);
+}
+
+static PyObject *
+sink_get_nbytes(PyObject *self, void *closure)
+{
+    return PyLong_FromSsize_t(((Sink *)self)->len);
+}
+
+static PyObject *
+sink_get_seq(PyObject *self, void *closure)
+{
+    return PyLong_FromLongLong(((Sink *)self)->recorded_seq);
+}
+
+static PyGetSetDef sink_getset[] = {
+    {"limit", sink_get_limit, sink_set_limit,
+     "records the buffer may hold before a call goes to ``full`` (clamped to 0..maxsize)", NULL},
+    {"n", sink_get_n, NULL, "records in the buffer", NULL},
+    {"nbytes", sink_get_nbytes, NULL, "bytes in the buffer", NULL},
+    {"recorded_seq", sink_get_seq, NULL, "seq_last of the newest op handed to the sink (-1)",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "radixscope.telemetry.record._sink.Sink",
+    .tp_doc = "Sink(full, fallback, parent_of): the recorder's per-op call (see the module).",
+    .tp_basicsize = sizeof(Sink),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Sink, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = sink_new,
+    .tp_init = sink_init,
+    .tp_traverse = sink_traverse,
+    .tp_clear = sink_clear,
+    .tp_dealloc = sink_dealloc,
+    .tp_methods = sink_methods,
+    .tp_getset = sink_getset,
+};
+
+static struct PyModuleDef sink_module = {
+    PyModuleDef_HEAD_INIT, "_sink",
+    "The recorder's per-op encoder (see telemetry/record/sink.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__sink(void)
+{
+    if (PyType_Ready(&SinkType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&sink_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", SINK_ABI) < 0 ||
+        PyModule_AddType(m, &SinkType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,260 @@
+"""The recorder's native encoder (``telemetry/record/_sink.c``): byte for byte what ``marshal``
+writes, on random and odd values; everything it cannot take handed back to the recorder's
+Python path in recording order; its limit, context memo and buffer; and a ``TelemetryRecorder``
+on it shipping exactly what one on the Python encoder ships. In CI (``RADIXSCOPE_REQUIRE``
+names ``native``) the module must have been built; the store's tests also run on the Python
+encoder (``RADIXSCOPE_NATIVE=0``, in a subprocess)."""
+
+from __future__ import annotations
+
+import datetime
+import marshal
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixscope.telemetry.record import sink as sink_mod
+from radixscope.telemetry.record.drops import DROP_MUTATION, DROP_OP, Health
+from radixscope.telemetry.record.encode import Chunk, decode, part_records
+from radixscope.telemetry.record.recorder import TelemetryRecorder
+from tests.kits.require import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+PARENT = (11, 22, 1, False)
+
+
+def needs_native() -> None:
+    if sink_mod.Sink is None:
+        missing("native", "the native encoder was not built (no C compiler at install, or "
+                "RADIXSCOPE_NATIVE=0)")
+
+
+class Calls:
+    """A sink's three callbacks, recording what reached them."""
+
+    def __init__(self) -> None:
+        self.full: list[tuple] = []
+        self.fallback: list[tuple] = []
+        self.contexts: list = []
+
+    def sink(self, limit: int = 1 << 40):
+        s = sink_mod.Sink(lambda op, m: self.full.append(op),
+                          lambda op, m: self.fallback.append(op), self.parent_of)
+        s.limit = limit
+        return s
+
+    def parent_of(self, ctx):
+        self.contexts.append(ctx)
+        return PARENT
+
+
+def compact(op: tuple, muts: list) -> tuple:
+    return (*op[:5], PARENT, *op[6:], muts)
+
+
+def op_tuple(i: int, attrs=(1, "x"), ctx=None, req="r") -> tuple:
+    return (i, "insert", 1_700_000_000_000_000_000 + i, 1_700_000_000_000_000_500 + i, req, ctx,
+            i, i, attrs, None)
+
+
+def test_the_recorder_runs_on_the_native_encoder_when_it_is_built() -> None:
+    needs_native()
+    assert sink_mod.ENCODER == "native"
+    assert sink_mod._sink.ABI == sink_mod.ABI
+    rec = TelemetryRecorder(Health())
+    assert rec.encoder == "native" and rec.record is rec._sink
+
+
+leaves = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70)
+          | st.sampled_from([0, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63 - 1, -2**63,
+                             2**63, -2**63 - 1, 2**64])
+          | st.text(max_size=40) | st.text(alphabet=st.characters(), max_size=5)
+          | st.floats(allow_nan=False) | st.binary(max_size=40)
+          | st.lists(st.integers(0, 2**64 - 1), max_size=30).map(lambda v: array("Q", v)))
+values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4)
+                      | st.lists(inner, max_size=4).map(tuple)
+                      | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=25)
+
+
+@given(ops=st.lists(st.tuples(st.lists(values, min_size=10, max_size=10),
+                              st.lists(values, max_size=4)), min_size=1, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_the_sink_writes_what_marshal_writes(ops) -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    want = []
+    for fields, muts in ops:
+        op = tuple(fields)
+        s(op, muts)
+        want.append(marshal.dumps(compact(op, muts), 2))
+    assert calls.fallback == [] and calls.full == []
+    n, data = s.take()
+    assert n == len(ops) and data == b"".join(want)
+    assert part_records(Chunk(n, data)) == [marshal.loads(w) for w in want]
+
+
+class IntLike(int):
+    pass
+
+
+@pytest.mark.parametrize("odd", [IntLike(3), datetime.date(2026, 1, 1), object(), {1, 2},
+                                 "lone \ud800 surrogate", memoryview(b"abcd")[::2]])
+def test_what_marshal_cannot_take_goes_back_and_leaves_the_buffer_as_it_was(odd) -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    s(op_tuple(1), [])
+    before = s.peek()
+    op = op_tuple(2, attrs=(1, [2, (3, odd)]))
+    s(op, [(1, 2, "node.touch", 3, None, None, None)])
+    try:
+        marshal.dumps(odd, 2)
+    except ValueError:
+        assert calls.fallback == [op] and s.peek() == before
+    else:  # marshal takes it (a lone surrogate): so does the sink, through marshal's writer
+        assert calls.fallback == [] and s.n == 2
+        assert s.take()[1] == before[1] + marshal.dumps(compact(op, [(1, 2, "node.touch", 3,
+                                                                      None, None, None)]), 2)
+    assert s.recorded_seq == 2
+
+
+def test_what_is_not_an_op_record_goes_back() -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    bad = [((1, 2, 3), []), (op_tuple(1)[:9], []), (op_tuple(1), ()), (list(op_tuple(1)), [])]
+    for op, muts in bad:
+        s(op, muts)
+    assert calls.fallback == [op for op, _ in bad] and s.n == 0 and s.nbytes == 0
+    with pytest.raises(TypeError, match=r"takes \(op, mutations\)"):
+        s(op_tuple(1))
+
+
+def test_the_limit_sends_calls_to_full_and_the_buffer_empties_on_take() -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink(limit=2)
+    for i in range(4):
+        s(op_tuple(i), [])
+    assert s.n == 2 and [op[0] for op in calls.full] == [2, 3] and s.recorded_seq == 3
+    n, data = s.peek()
+    assert (n, data) == s.take() and n == 2 and (s.n, s.nbytes) == (0, 0)
+    assert decode(b"[" + n.to_bytes(4, "little") + data) == [compact(op_tuple(i), [])
+                                                             for i in range(2)]
+    s.limit = -5
+    assert s.limit == 0
+    s.limit = 1 << 80
+    assert s.limit == sys.maxsize
+    with pytest.raises(TypeError, match="limit must be an int"):
+        s.limit = "3"
+    with pytest.raises(TypeError, match="full=3 is not callable"):
+        sink_mod.Sink(3, print, print)
+
+
+def test_the_parent_is_looked_up_once_per_context_and_a_failed_lookup_goes_back() -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    a, b = object(), object()
+    for ctx in (a, a, b, b, a, None):
+        s(op_tuple(1, ctx=ctx), [])
+    assert calls.contexts == [a, b, a, None]
+    s.forget_context()
+    s(op_tuple(1, ctx=None), [])
+    assert calls.contexts == [a, b, a, None, None]
+    bad = sink_mod.Sink(print, lambda op, m: calls.fallback.append(op), lambda ctx: "not ids")
+    bad.limit = 10
+    bad(op_tuple(7, ctx=a), [])
+    assert calls.fallback == [op_tuple(7, ctx=a)] and bad.n == 0
+
+
+def feed(rec: TelemetryRecorder, ops: list[tuple[tuple, list]]) -> None:
+    for op, muts in ops:
+        rec.record(op, list(muts))
+
+
+def shipped(rec: TelemetryRecorder) -> list[tuple]:
+    rec.seal()
+    return [r for _, blob in rec.take(1 << 40) for r in decode(blob)]
+
+
+def workload() -> list[tuple[tuple, list]]:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+    ctx = trace.set_span_in_context(NonRecordingSpan(SpanContext(5, 6, False)))
+    ops = []
+    for i in range(40):
+        attrs = (i, i * 3, "r", 0)
+        if i % 13 == 5:
+            attrs = {"at": datetime.date(2026, 1, 1 + i % 20)}  # marshal cannot: pickled
+        muts = [(i, i, "node.create", i + 1, None, None, (0, None, array("Q", range(i * 7))))]
+        ops.append((op_tuple(i, attrs, ctx=None if i < 20 else ctx), muts))
+    return ops
+
+
+@pytest.mark.parametrize("encode_batch", [1, 3, 7, 4096])
+def test_a_recorder_on_the_sink_ships_what_one_on_the_python_encoder_ships(
+        encode_batch: int) -> None:
+    needs_native()
+    got = {}
+    for enc in ("native", "python"):
+        rec = TelemetryRecorder(Health(), encode_batch=encode_batch, encoder=enc)
+        feed(rec, workload()[:25])
+        ops, _ = rec.tail()  # what is buffered, in order, before anything ships
+        assert [o.op_id for o in ops] == list(range(25))
+        feed(rec, workload()[25:])
+        got[enc] = (shipped(rec), rec.recorded_seq, rec.health.snapshot()["dropped"])
+    assert got["native"] == got["python"]
+    records = got["native"][0]
+    assert [r[0] for r in records] == list(range(40))
+    assert records[5][8] == {"at": datetime.date(2026, 1, 6)}
+    assert records[9][10][0][6][2] == array("Q", range(63)).tobytes()
+    assert records[19][5] == (0, 0, 0, False) and records[20][5] == (5, 6, 0, False)
+
+
+@pytest.mark.parametrize("encoder", ["native", "python"])
+def test_a_full_recorder_drops_and_counts_on_either_encoder(encoder: str) -> None:
+    if encoder == "native":
+        needs_native()
+    rec = TelemetryRecorder(Health(), queue_capacity=3, overflow="drop", encode_batch=2,
+                            encoder=encoder)
+    feed(rec, workload()[:6])
+    dropped = rec.health.snapshot()["dropped"]
+    assert dropped[DROP_OP] == 3 and dropped[DROP_MUTATION] == 3
+    assert [r[0] for r in shipped(rec)] == [0, 1, 2]
+    assert rec.recorded_seq == 5
+    feed(rec, workload()[6:8])  # room again after the take
+    assert [r[0] for r in shipped(rec)] == [6, 7]
+    rec.queue_capacity = 0  # what the pipeline's close does
+    feed(rec, workload()[8:9])
+    assert rec.health.snapshot()["dropped"][DROP_OP] == 4 and shipped(rec) == []
+
+
+def test_an_unknown_encoder_is_refused() -> None:
+    with pytest.raises(ValueError, match="encoder='marshal'"):
+        TelemetryRecorder(Health(), encoder="marshal")
+
+
+def test_the_store_is_the_same_on_the_python_encoder() -> None:
+    """Without the module (as on a machine with no C compiler) the recorder's and the store's
+    tests pass unchanged."""
+    env = {**os.environ, "RADIXSCOPE_NATIVE": "0"}
+    probe = subprocess.run([sys.executable, "-c", "from radixscope.telemetry.record import sink;"
+                            " print(sink.ENCODER)"], env=env, capture_output=True, text=True,
+                           check=True)
+    assert probe.stdout.strip() == "python"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          "tests/telemetry/test_telemetry_store.py",
+                          "tests/telemetry/test_telemetry_spans.py",
+                          "tests/telemetry/test_sink.py::test_a_full_recorder_drops_and_counts_on_either_encoder"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout
