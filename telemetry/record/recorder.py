@@ -53,9 +53,9 @@ from radixscope.telemetry.record.encode import (
     compact_record,
     decode,
     encode_one,
-    part_records,
     join_encoded,
     named_records,
+    part_records,
 )
 from radixscope.telemetry.record.sink import ENCODER, Sink
 
