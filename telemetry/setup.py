@@ -124,6 +124,7 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
                                  overflow=opts.overflow, block_timeout_s=opts.block_timeout_s,
                                  ring_capacity=opts.flight_ring,
                                  capture_context=opts.capture_context)
+    settings["encoder"] = recorder.encoder  # "python": built without a C compiler (Health says)
     if path is not None:
         create_store(path, settings, overwrite=overwrite)
     if mode == "process":

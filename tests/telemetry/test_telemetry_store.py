@@ -9,6 +9,7 @@ import pytest
 from radixscope import telemetry
 from radixscope.cache import HiRadixCache
 from radixscope.cache.events import OpRecord
+from radixscope.telemetry.record import sink
 from radixscope.telemetry.store import keyframes
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
 from tests.kits.telkit import Rig
@@ -85,6 +86,7 @@ def test_tables_and_dataframes(tmp_path):
         assert info["cache"]["components"] == ["full"]
         assert info["cache"]["pools"] == {"full/device": 24, "full/host": 48}
         assert info["settings"]["mode"] == "inline"
+        assert info["settings"]["encoder"] == sink.ENCODER
         assert info["stats"]["dropped"] == {"op": 0, "mutation": 0, "span": 0, "event": 0}
         assert r.stats() == info["stats"]
 

@@ -115,6 +115,9 @@ def test_telemetry_words():
     assert telemetry_words({**ok, "cache": {"kernels": "native"}}) == telemetry_words(ok)
     slow = telemetry_words({**ok, "cache": {"kernels": "python"}})
     assert len(slow) == 2 and slow[1].startswith("the cache ran on its Python kernels")
+    assert telemetry_words({**ok, "settings": {"encoder": "native"}}) == telemetry_words(ok)
+    slow = telemetry_words({**ok, "settings": {"encoder": "python"}})
+    assert len(slow) == 2 and slow[1].startswith("the recorder ran on its Python encoder")
 
 
 def test_findings_table_names_a_stuck_prefetch_from_the_store_events(tmp_path):
