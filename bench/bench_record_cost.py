@@ -1,6 +1,6 @@
 """Where full telemetry's cost on the hot path goes (issue 17), in one process.
 
-Four caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
+Four or five caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
 page size 1), interleaved batch by batch, each a step further along the record path:
 
 - ``baseline``: no recorder;
@@ -8,8 +8,10 @@ page size 1), interleaved batch by batch, each a step further along the record p
   record (``_run``'s ids, clock and caller context, the attribute tuple, one tuple per state
   change);
 - ``recorder``: a ``TelemetryRecorder`` with no drain thread behind it (its buffer dropped
-  between batches): the recorder's call on top (the caller's span ids, one ``marshal``, one
-  append);
+  between batches): the recorder's call on top (the caller's span ids, the record encoded into
+  its buffer), on the encoder in use (``telemetry.record.sink.ENCODER``);
+- ``recorder (py)``, where the native encoder is built: the same on the Python encoder (one
+  ``marshal.dumps`` and one append per record), for comparison;
 - ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
 
 Printed: each cache's per-op medians (CPU time of the calling thread, us), then each step's
@@ -39,9 +41,10 @@ from radixscope.cache import native  # noqa: E402
 from radixscope.cache.events import Recorder  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
+from radixscope.telemetry.record.sink import ENCODER  # noqa: E402
 
 STEPS = (("cache side", "baseline", "discard"), ("recorder", "discard", "recorder"),
-         ("pipeline", "recorder", "telemetry"))
+         ("recorder (py)", "discard", "recorder_py"), ("pipeline", "recorder", "telemetry"))
 
 
 class DiscardRecorder(Recorder):
@@ -60,12 +63,18 @@ def main() -> None:
     args = ap.parse_args()
     nodes, comps = SCALES[args.scale], tuple(args.components.split(","))
     torch.set_num_threads(1)
-    detached = TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62)
+    def detached(encoder: str) -> TelemetryRecorder:
+        return TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62,
+                                 encoder=encoder)
+
     with tempfile.TemporaryDirectory(prefix="bench_record_cost_") as d:
         runs = {"baseline": Run("baseline", nodes, comps, False, d, False),
                 "discard": Run("cache side", nodes, comps, False, d, False, DiscardRecorder()),
-                "recorder": Run("recorder", nodes, comps, False, d, False, detached),
-                "telemetry": Run("telemetry", nodes, comps, True, d, False)}
+                "recorder": Run("recorder", nodes, comps, False, d, False, detached(ENCODER))}
+        if ENCODER == "native":
+            runs["recorder_py"] = Run("recorder (py)", nodes, comps, False, d, False,
+                                      detached("python"))
+        runs["telemetry"] = Run("telemetry", nodes, comps, True, d, False)
         for _ in range(args.reps):
             for r in runs.values():
                 r.batch(args.requests)
@@ -78,22 +87,24 @@ def main() -> None:
     w = [max(8, len(c)) for c in cols]
 
     def line(label: str, values) -> str:
-        return f"  {label:>12} " + " ".join(f"{v:{n}.1f}" for v, n in zip(values, w, strict=True))
+        return f"  {label:>13} " + " ".join(f"{v:{n}.1f}" for v, n in zip(values, w, strict=True))
 
     print(f"scale {args.scale}: components {'+'.join(comps)}, {args.reps} interleaved batches x "
           f"{args.requests} requests per cache; medians of the calling thread's CPU time, us; "
-          f"kernels {native.KERNELS}")
-    print(f"  {'':>12} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True)))
+          f"kernels {native.KERNELS}, encoder {ENCODER}")
+    print(f"  {'':>13} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True)))
     for k, r in runs.items():
         print(line(r.label, [sums[k][c][0] for c in cols]))
     base = sums["baseline"]["request"][0]
     print("  added by each step (us), and its share of the baseline's request:")
     for name, a, b in STEPS:
+        if b not in sums:
+            continue
         added = [sums[b][c][0] - sums[a][c][0] for c in cols]
         print(line(name, added) + f"   {added[-1] / base * 100:5.1f} %")
     total = sums["telemetry"]["request"][0] - base
     pad = sum(n + 1 for n in w[:-1])
-    print(f"  {'in all':>12} {'':>{pad}}{total:{w[-1]}.1f}   {total / base * 100:5.1f} %")
+    print(f"  {'in all':>13} {'':>{pad}}{total:{w[-1]}.1f}   {total / base * 100:5.1f} %")
 
 
 if __name__ == "__main__":

@@ -238,6 +238,46 @@ def test_a_full_recorder_drops_and_counts_on_either_encoder(encoder: str) -> Non
     assert rec.health.snapshot()["dropped"][DROP_OP] == 4 and shipped(rec) == []
 
 
+@pytest.mark.parametrize("encoder", ["native", "python"])
+def test_records_ship_once_and_in_order_while_another_thread_seals_and_takes(
+        encoder: str) -> None:
+    """The drain thread's side (``seal``, ``take``) runs between any two of the cache thread's
+    steps (a switch interval of 1 us); with a small batch, a capacity the writer keeps hitting
+    (``overflow="block"``) and records the sink hands back (every 9th: a date attribute), every
+    record still ships exactly once, in recording order, and nothing is dropped."""
+    import threading
+
+    if encoder == "native":
+        needs_native()
+    rec = TelemetryRecorder(Health(), queue_capacity=40, overflow="block", block_timeout_s=10,
+                            encode_batch=7, encoder=encoder)
+    got: list[int] = []
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.is_set() or rec.buffered() or rec.pending:
+            rec.seal()
+            for _, blob in rec.take(13):
+                got.extend(r[0] for r in decode(blob))
+
+    n = 3000
+    ops = [(op_tuple(i, {"at": datetime.date(2026, 1, 1)} if i % 9 == 4 else (i, "r")),
+            [(i, i, "node.touch", i, None, None, i)]) for i in range(n)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=drain)
+    t.start()
+    try:
+        feed(rec, ops)
+    finally:
+        done.set()
+        t.join(60)
+        sys.setswitchinterval(old)
+    assert not t.is_alive()
+    assert got == list(range(n))
+    assert rec.health.snapshot()["dropped"][DROP_OP] == 0 and rec.recorded_seq == n - 1
+
+
 def test_an_unknown_encoder_is_refused() -> None:
     with pytest.raises(ValueError, match="encoder='marshal'"):
         TelemetryRecorder(Health(), encoder="marshal")
