@@ -19,9 +19,10 @@ Everything but the common case goes back to Python, to the recorder's own method
 - ``parent_of(context)`` for a context not seen last: its span's ids, a 4-tuple.
 
 Nothing is written before ``parent_of`` returns, and a failed encode leaves the buffer as it was.
-Encoding the builtin types runs no Python code, so no other thread can run while a record is
-half written; for other types (whose buffer Python code may provide) ``take`` and ``peek`` refuse
-while a record is being written, rather than cut it. ``SINK_ABI`` changes whenever the
+Python code can run while a record is half written (marshal's writer sorts a set's items, which
+may run a collection and so finalizers; on Python 3.12+ a buffer may be Python's): ``take`` and
+``peek`` return whole records only and keep the one being written, a call made meanwhile goes to
+``fallback``, and a list is re-checked item by item. ``SINK_ABI`` changes whenever the
 interface does: ``telemetry/record/sink.py`` refuses a build whose number is not its own. */
 
 #define PY_SSIZE_T_CLEAN
@@ -40,6 +41,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     char *buf;
     Py_ssize_t len, cap;
+    Py_ssize_t done;  /* bytes of whole records: == len unless a record is being written */
     Py_ssize_t n;     /* records in buf */
     int busy;         /* a record is being written: see ``append`` */
     Py_ssize_t limit; /* records allowed in buf before ``full`` is called */
@@ -198,8 +200,11 @@ encode_items(Sink *s, char type, PyObject **items, Py_ssize_t size, int depth)
     if (put_type_int32(s, type, (int32_t)size) < 0)
         return -1;
     for (Py_ssize_t i = 0; i < size; i++)
-        if (encode(s, items[i], depth + 1) < 0)
-            return -1;
+    {
+        int r = encode(s, items[i], depth + 1);
+        if (r < 0)
+            return r;
+    }
     return 0;
 }
 
@@ -213,7 +218,7 @@ encode(Sink *s, PyObject *v, int depth)
     if (v == Py_False)
         return put(s, "F", 1);
     if (depth > MAX_DEPTH)
-        return encode_by_marshal(s, v);
+        return -2; /* append hands the whole record to marshal: its depth limit is per dump */
     if (PyLong_CheckExact(v))
         return encode_int(s, v);
     if (PyUnicode_CheckExact(v))
@@ -221,9 +226,27 @@ encode(Sink *s, PyObject *v, int depth)
     if (PyTuple_CheckExact(v))
         return encode_items(s, '(', &PyTuple_GET_ITEM(v, 0), PyTuple_GET_SIZE(v), depth);
     if (PyList_CheckExact(v)) {
-        /* a list is written under the GIL with no Python code running: it cannot change */
-        return encode_items(s, '[', PyList_GET_SIZE(v) ? &PyList_GET_ITEM(v, 0) : NULL,
-                            PyList_GET_SIZE(v), depth);
+        /* marshal's writer (a set's sort) can run a collection, and so finalizers, which may
+           change the list: hold each item, and give up if its size changes */
+        Py_ssize_t size = PyList_GET_SIZE(v);
+        if (size > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
+            return -1;
+        }
+        if (put_type_int32(s, '[', (int32_t)size) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < size; i++) {
+            if (PyList_GET_SIZE(v) != size) {
+                PyErr_SetString(PyExc_RuntimeError, "list changed size during encoding");
+                return -1;
+            }
+            PyObject *item = Py_NewRef(PyList_GET_ITEM(v, i));
+            int r = encode(s, item, depth + 1);
+            Py_DECREF(item);
+            if (r < 0)
+                return r;
+        }
+        return 0;
     }
     if (PyObject_CheckBuffer(v)) /* no type marshal checks before its buffer case has one */
         return encode_buffer(s, v);
@@ -242,12 +265,12 @@ call_back(PyObject *fn, PyObject *op, PyObject *muts)
     return PyObject_Vectorcall(fn, args, 2, NULL);
 }
 
-/* The parent span's ids of ``ctx`` (borrowed from the sink), or NULL with an error. */
+/* The parent span's ids of ``ctx`` (a new reference), or NULL with an error. */
 static PyObject *
 parent_ids(Sink *s, PyObject *ctx)
 {
     if (ctx == s->last_ctx && s->last_parent != NULL)
-        return s->last_parent;
+        return Py_NewRef(s->last_parent);
     PyObject *parent = PyObject_CallOneArg(s->parent_of, ctx);
     if (parent == NULL)
         return NULL;
@@ -256,10 +279,26 @@ parent_ids(Sink *s, PyObject *ctx)
         Py_DECREF(parent);
         return NULL;
     }
-    Py_INCREF(ctx);
-    Py_XSETREF(s->last_ctx, ctx);
-    Py_XSETREF(s->last_parent, parent);
+    Py_XSETREF(s->last_ctx, Py_NewRef(ctx));
+    Py_XSETREF(s->last_parent, Py_NewRef(parent)); /* may run code: we hold our own ref */
     return parent;
+}
+
+/* A record nested deeper than MAX_DEPTH, by marshal's own writer, so that its depth limit
+   applies as it does on the Python path (``encode.decode`` reads such a record back alone when
+   the batch's list puts it one level past the limit). */
+static int
+encode_deep(Sink *s, PyObject *op, PyObject *parent, PyObject *muts)
+{
+    PyObject *rec = PyTuple_New(OP_FIELDS + 1);
+    if (rec == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < OP_FIELDS; i++)
+        PyTuple_SET_ITEM(rec, i, Py_NewRef(i == CTX ? parent : PyTuple_GET_ITEM(op, i)));
+    PyTuple_SET_ITEM(rec, OP_FIELDS, Py_NewRef(muts));
+    int r = encode_by_marshal(s, rec);
+    Py_DECREF(rec);
+    return r;
 }
 
 /* Append one record; on failure the buffer is as it was and an error is set. */
@@ -269,22 +308,24 @@ append(Sink *s, PyObject *op, PyObject *muts)
     PyObject *parent = parent_ids(s, PyTuple_GET_ITEM(op, CTX));
     if (parent == NULL)
         return -1;
-    /* Encoding the builtin types runs no Python code, but an object of another type may (its
-       buffer, on Python 3.12+): another thread's ``take`` must not cut a half-written record */
-    Py_INCREF(parent);
+    /* Python code may run from here to the end of the record (see the module's comment) */
     s->busy = 1;
-    Py_ssize_t mark = s->len;
     int r = put_type_int32(s, '(', OP_FIELDS + 1);
     for (Py_ssize_t i = 0; r == 0 && i < OP_FIELDS; i++)
         r = encode(s, i == CTX ? parent : PyTuple_GET_ITEM(op, i), 1);
     if (r == 0)
         r = encode(s, muts, 1);
+    if (r == -2) { /* nested deeper than MAX_DEPTH: marshal's own writer, on the whole record */
+        s->len = s->done;
+        r = encode_deep(s, op, parent, muts);
+    }
     Py_DECREF(parent);
     s->busy = 0;
     if (r < 0) {
-        s->len = mark;
+        s->len = s->done; /* take() may have moved the record's start while Python code ran */
         return -1;
     }
+    s->done = s->len;
     s->n++;
     return 0;
 }
@@ -299,15 +340,9 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
         return NULL;
     }
     PyObject *op = args[0], *muts = args[1], *r = NULL;
-    if (!PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS || !PyList_CheckExact(muts))
-        r = call_back(s->fallback, op, muts);
-    else if (s->n >= s->limit || s->busy)
-        r = call_back(s->full, op, muts);
-    else if (append(s, op, muts) == 0)
-        r = Py_NewRef(Py_None);
-    else {
-        PyErr_Clear(); /* the Python path encodes it otherwise, or counts it as lost */
-        r = call_back(s->fallback, op, muts);
+    if (s->full == NULL || s->fallback == NULL || s->parent_of == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Sink is not initialised (or was cleared)");
+        return NULL;
     }
     if (PyTuple_CheckExact(op) && PyTuple_GET_SIZE(op) == OP_FIELDS) {
         PyObject *last = PyTuple_GET_ITEM(op, 7);
@@ -320,6 +355,18 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
                 PyErr_Clear();
         }
     }
+    if (s->busy) /* called from code run mid-record (a finalizer): the Python path */
+        r = call_back(s->fallback, op, muts);
+    else if (!PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS || !PyList_CheckExact(muts))
+        r = call_back(s->fallback, op, muts);
+    else if (s->n >= s->limit)
+        r = call_back(s->full, op, muts);
+    else if (append(s, op, muts) == 0)
+        r = Py_NewRef(Py_None);
+    else {
+        PyErr_Clear(); /* the Python path encodes it otherwise, or counts it as lost */
+        r = call_back(s->fallback, op, muts);
+    }
     return r;
 }
 
@@ -328,11 +375,8 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
 static PyObject *
 contents(Sink *s)
 {
-    if (s->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the sink is writing a record; try again");
-        return NULL;
-    }
-    PyObject *data = PyBytes_FromStringAndSize(s->buf, s->len);
+    /* whole records only: a record being written (Python code ran mid-record) stays */
+    PyObject *data = PyBytes_FromStringAndSize(s->buf, s->done);
     if (data == NULL)
         return NULL;
     PyObject *out = Py_BuildValue("(nN)", s->n, data);
@@ -346,9 +390,12 @@ sink_take(PyObject *self, PyObject *unused)
     PyObject *out = contents(s);
     if (out == NULL)
         return NULL;
-    s->len = 0;
+    if (s->len > s->done) /* a record being written: keep its start */
+        memmove(s->buf, s->buf + s->done, (size_t)(s->len - s->done));
+    s->len -= s->done;
+    s->done = 0;
     s->n = 0;
-    if (s->cap > (1 << 24)) { /* a burst grew it: give the memory back */
+    if (s->len == 0 && s->cap > (1 << 24)) { /* a burst grew it: give the memory back */
         PyMem_Free(s->buf);
         s->buf = NULL;
         s->cap = 0;

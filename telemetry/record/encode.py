@@ -16,6 +16,7 @@ tuples. Messages are plain tuples:
 
 from __future__ import annotations
 
+import io
 import json
 import marshal
 import pickle
@@ -177,14 +178,29 @@ def part_records(part: bytes | tuple | Chunk) -> list[tuple]:
     if type(part) is bytes:
         return [_UNMARSHAL(part)]
     if type(part) is Chunk:
-        return _UNMARSHAL(b"[" + part.n.to_bytes(4, "little") + part.data)
+        return decode(b"[" + part.n.to_bytes(4, "little") + part.data)
     return [part]
 
 
 def decode(blob: bytes) -> list[tuple]:
     """The compact records ``encode_batch`` encoded (pickle blobs start with the PROTO opcode
     0x80, which is no marshal type code)."""
-    return _LOADS(blob) if blob[0] == 0x80 else _UNMARSHAL(blob)
+    if blob[0] == 0x80:
+        return _LOADS(blob)
+    try:
+        return _UNMARSHAL(blob)
+    except ValueError:  # a record nested to marshal's depth limit: it loads alone, not one
+        if blob[:1] != b"[":  # level deeper inside the batch's list
+            raise
+        return _one_by_one(blob[5:], int.from_bytes(blob[1:5], "little"))
+
+
+def _one_by_one(data: bytes, n: int) -> list[tuple]:
+    f = io.BytesIO(data)
+    out = [marshal.load(f) for _ in range(n)]
+    if f.tell() != len(data):
+        raise ValueError(f"{len(data) - f.tell()} bytes after the batch's {n} records")
+    return out
 
 
 def decode_records(blobs: list[bytes]) -> tuple[list[CompactOp], list[tuple]]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -229,6 +230,9 @@ class TelemetryRecorder(FlightRecorder):
         except Exception as e:  # noqa: BLE001 - guard point: never raise into the cache
             self.health.fail("record", e)
         TelemetryRecorder.record(self, op, mutations)
+        if self._sink is not None:
+            with self._buf_lock:
+                self._set_limit()  # count the part just appended against the sink's limit
 
     def _parent_of(self, ctx: Any) -> tuple[int, int, int, bool]:
         """The sink's lookup of a context it has not seen last."""
@@ -248,31 +252,47 @@ class TelemetryRecorder(FlightRecorder):
 
     def _overflow(self, op: tuple, mutations: list[tuple]) -> None:
         if self.overflow == "block" and not self.closed:
-            self.wake.set()
-            self._room.clear()
-            if (self._room.wait(self.block_timeout_s)
-                    and self.queued + self.buffered() < self._capacity):
-                self._move_sink()
-                self._parts.append(encode_one(compact_record(op, mutations, self._last)))
-                return
+            deadline = time.monotonic() + self.block_timeout_s
+            while True:
+                self._room.clear()  # before the check: a take() after it sets it again
+                if self.queued + self.buffered() < self._capacity:
+                    self._move_sink()
+                    self._parts.append(encode_one(compact_record(op, mutations, self._last)))
+                    with self._buf_lock:
+                        self._set_limit()
+                    return
+                self.wake.set()
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    break
+                self._room.wait(left)  # a stale or early set() just checks again
         self.health.drop(DROP_OP)
         self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
     def seal(self) -> None:
         """Join what the buffer holds into one blob and queue it (any thread)."""
         with self._buf_lock:
+            # the sink first: what it holds was recorded after every part already in _parts,
+            # and before any part the cache thread appends from now on (a part is appended only
+            # after _move_sink emptied the sink, which needs this lock)
+            m, data = self._sink.take() if self._sink is not None and self._sink.n else (0, b"")
             parts = self._parts
             k = len(parts)
             taken = parts[:k]
             del parts[:k]
-            n = k + self._chunked
+            n = k + self._chunked + m
             self._chunked = 0
-            if self._sink is not None and self._sink.n:
-                m, data = self._sink.take()
+            if m:
                 taken.append(Chunk(m, data))
-                n += m
             if n:
-                blob, lost = join_encoded(taken)
+                try:
+                    blob, lost = join_encoded(taken)
+                except Exception as e:  # noqa: BLE001 - a part that cannot be read back (a
+                    # record nested past marshal's depth limit): the batch is lost, and counted
+                    self.health.fail("record.encode", e, f"a batch of {n} records")
+                    self.health.drop(DROP_OP, n)
+                    self._set_limit()
+                    return
                 for rec in lost:
                     self.health.fail("record.encode", None, f"op {rec[0]} ({rec[1]}) cannot be "
                                      "encoded")
