@@ -11,6 +11,7 @@ random and edge inputs)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from array import array
@@ -20,19 +21,28 @@ import numpy as np
 NAMES = ("check_split", "common_len", "alloc_pages", "free_pages")
 ABI = 2  # _native.c's NATIVE_ABI: a build with another number is stale
 
-try:
-    from radixscope.cache import _native
-except ImportError:  # built without a C compiler: the pure versions below
-    _native = None
-if os.environ.get("RADIXSCOPE_NATIVE", "1").strip() == "0":
-    _native = None
-elif _native is not None and getattr(_native, "ABI", None) != ABI:
-    logging.getLogger("radixscope.cache").warning(
-        "%s was built from another _native.c (ABI %s, this code needs %d): running the Python "
-        "kernels; `pip install -e .` rebuilds it", _native.__file__,
-        getattr(_native, "ABI", "none"), ABI)
-    _native = None
 
+
+def load_built(module: str, abi: int, source: str, fallback: str):
+    """The compiled extension ``module`` when it was built, is current (its ``ABI`` is ``abi``)
+    and ``RADIXSCOPE_NATIVE=0`` is not set; else None (a stale build is named in a warning).
+    ``source`` and ``fallback`` name its C file and what runs instead, for that warning."""
+    if os.environ.get("RADIXSCOPE_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:  # built without a C compiler
+        return None
+    if getattr(mod, "ABI", None) != abi:
+        logging.getLogger("radixscope").warning(
+            "%s was built from another %s (ABI %s, this code needs %d): running %s; "
+            "`pip install -e .` rebuilds it", mod.__file__, source, getattr(mod, "ABI", "none"),
+            abi, fallback)
+        return None
+    return mod
+
+
+_native = load_built("radixscope.cache._native", ABI, "_native.c", "the Python kernels")
 KERNELS = "python" if _native is None else "native"
 
 try:  # the C function itself: ``np.count_nonzero`` adds two Python-level calls (its dispatcher)

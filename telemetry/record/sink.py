@@ -9,23 +9,11 @@ the module was not built (no C compiler at install), is stale (another ``ABI``) 
 
 from __future__ import annotations
 
-import logging
-import os
+from radixscope.cache.native import load_built
 
 ABI = 1  # _sink.c's SINK_ABI: a build with another number is stale
 
-try:
-    from radixscope.telemetry.record import _sink
-except ImportError:  # built without a C compiler: the recorder's Python path
-    _sink = None
-if os.environ.get("RADIXSCOPE_NATIVE", "1").strip() == "0":
-    _sink = None
-elif _sink is not None and getattr(_sink, "ABI", None) != ABI:
-    logging.getLogger("radixscope.telemetry").warning(
-        "%s was built from another _sink.c (ABI %s, this code needs %d): recording on the "
-        "Python encoder; `pip install -e .` rebuilds it", _sink.__file__,
-        getattr(_sink, "ABI", "none"), ABI)
-    _sink = None
-
+_sink = load_built("radixscope.telemetry.record._sink", ABI, "_sink.c",
+                   "the recorder's Python encoder")
 Sink = None if _sink is None else _sink.Sink
 ENCODER = "python" if Sink is None else "native"

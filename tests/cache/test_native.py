@@ -5,9 +5,6 @@ cache's scenarios pass on the pure versions too (``RADIXSCOPE_NATIVE=0``, in a s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from array import array
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from hypothesis import strategies as st
 
 from radixscope.cache import HiRadixCache, native
 from tests.kits.cachekit import make_config
-from tests.kits.require import missing
+from tests.kits.require import missing, pass_without_native
 
 ROOT = Path(__file__).resolve().parents[2]
 C = native._native
@@ -273,15 +270,23 @@ def test_strided_slots_are_taken_and_still_guarded() -> None:
 def test_the_cache_runs_the_same_on_the_pure_kernels() -> None:
     """Without the module (as on a machine with no C compiler) the cache's scenarios, guards and
     seeded random sequences pass unchanged."""
-    env = {**os.environ, "RADIXSCOPE_NATIVE": "0"}
-    probe = subprocess.run([sys.executable, "-c", "from radixscope.cache import native; "
-                            "print(native.KERNELS)"], env=env, capture_output=True, text=True,
-                           check=True)
-    assert probe.stdout.strip() == "python"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          "tests/cache/test_cache_scenarios.py", "tests/cache/test_cache_bad_input.py",
-                          "tests/cache/test_seed_bugs.py", "tests/cache/test_cache_correctness.py",
-                          "tests/cache/test_native.py::test_strided_slots_are_taken_and_still_guarded"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout
+    pass_without_native(["tests/cache/test_cache_scenarios.py",
+                         "tests/cache/test_cache_bad_input.py", "tests/cache/test_seed_bugs.py",
+                         "tests/cache/test_cache_correctness.py",
+                         "tests/cache/test_native.py::test_strided_slots_are_taken_and_still_guarded"])
+
+
+def test_a_stale_or_missing_build_is_not_loaded(monkeypatch, caplog) -> None:
+    """``load_built`` refuses a module of another ABI (naming it), one that is not there, and
+    any under ``RADIXSCOPE_NATIVE=0``."""
+    monkeypatch.delenv("RADIXSCOPE_NATIVE", raising=False)
+    # native.py stands in for a stale build: its ABI (2) is not the 7 asked for
+    assert native.load_built("radixscope.cache.native", 7, "x.c", "y") is None
+    assert "native.py was built from another x.c (ABI 2, this code needs 7): running y" in \
+        caplog.text
+    assert native.load_built("radixscope.cache._no_such_module", 1, "x.c", "y") is None
+    if C is not None:
+        assert native.load_built("radixscope.cache._native", native.ABI, "x.c", "y") is C
+        monkeypatch.setenv("RADIXSCOPE_NATIVE", "0")
+        assert native.load_built("radixscope.cache._native", native.ABI, "x.c", "y") is None
+

@@ -5,6 +5,9 @@ failure, never a silently skipped test."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +23,21 @@ def missing(tool: str, reason: str) -> None:
     if required(tool):
         pytest.fail(f"{reason} ({ENV} requires {tool!r})")
     pytest.skip(reason)
+
+
+def pass_without_native(tests: list[str]) -> None:
+    """Run ``tests`` (pytest node ids) in a subprocess with ``RADIXSCOPE_NATIVE=0``, as on a
+    machine with no C compiler, after checking that this does select the Python versions of
+    the cache's kernels and the recorder's encoder; fail with the output unless they pass."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RADIXSCOPE_NATIVE": "0"}
+    probe = subprocess.run([sys.executable, "-c", "from radixscope.cache import native; "
+                            "from radixscope.telemetry.record import sink; "
+                            "print(native.KERNELS, sink.ENCODER)"], env=env,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["python", "python"], probe.stdout
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          *tests], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout
