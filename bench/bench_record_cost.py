@@ -14,7 +14,9 @@ page size 1), interleaved batch by batch, each a step further along the record p
   ``marshal.dumps`` and one append per record), for comparison;
 - ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
 
-Printed: each cache's per-op medians (CPU time of the calling thread, us), then each step's
+Printed: each cache's per-op medians (CPU time of the calling thread, us) and ops/s (as
+``bench_scale.py`` counts them: match, insert and evict, best batch) with its ratio to the
+baseline's, then each step's
 added cost per op and per request (match + insert + lock + unlock, as issue 17 counts it), and
 each step's share of the baseline's request. The steps are differences of medians on a noisy
 machine: read them to about a microsecond.
@@ -92,9 +94,12 @@ def main() -> None:
     print(f"scale {args.scale}: components {'+'.join(comps)}, {args.reps} interleaved batches x "
           f"{args.requests} requests per cache; medians of the calling thread's CPU time, us; "
           f"kernels {native.KERNELS}, encoder {ENCODER}")
-    print(f"  {'':>13} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True)))
+    print(f"  {'':>13} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True))
+          + "    ops/s  of baseline's")
     for k, r in runs.items():
-        print(line(r.label, [sums[k][c][0] for c in cols]))
+        ops_s = sums[k]["ops_s"]
+        print(line(r.label, [sums[k][c][0] for c in cols])
+              + f"  {ops_s:7.0f}  {ops_s / sums['baseline']['ops_s']:13.3f}")
     base = sums["baseline"]["request"][0]
     print("  added by each step (us), and its share of the baseline's request:")
     for name, a, b in STEPS:
