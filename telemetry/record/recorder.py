@@ -287,8 +287,8 @@ class TelemetryRecorder(FlightRecorder):
             if n:
                 try:
                     blob, lost = join_encoded(taken)
-                except Exception as e:  # noqa: BLE001 - a part that cannot be read back (a
-                    # record nested past marshal's depth limit): the batch is lost, and counted
+                except Exception as e:  # noqa: BLE001 - a part that cannot be read back
+                    # (none is known since decode reads deep records alone): lost, and counted
                     self.health.fail("record.encode", e, f"a batch of {n} records")
                     self.health.drop(DROP_OP, n)
                     self._set_limit()
