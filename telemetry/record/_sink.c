@@ -190,18 +190,27 @@ encode_buffer(Sink *s, PyObject *v)
     return r;
 }
 
+/* A tuple ('(') or a list ('['). marshal's writer (a set's sort) can run a collection, and so
+   finalizers, which may change a list: each item is held while it is written, and a list whose
+   size changed fails the record (the Python path takes it). */
 static int
-encode_items(Sink *s, char type, PyObject **items, Py_ssize_t size, int depth)
+encode_seq(Sink *s, char type, PyObject *v, int depth)
 {
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(v);
     if (size > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
         return -1;
     }
     if (put_type_int32(s, type, (int32_t)size) < 0)
         return -1;
-    for (Py_ssize_t i = 0; i < size; i++)
-    {
-        int r = encode(s, items[i], depth + 1);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (PySequence_Fast_GET_SIZE(v) != size) {
+            PyErr_SetString(PyExc_RuntimeError, "list changed size during encoding");
+            return -1;
+        }
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(v, i));
+        int r = encode(s, item, depth + 1);
+        Py_DECREF(item);
         if (r < 0)
             return r;
     }
@@ -224,30 +233,9 @@ encode(Sink *s, PyObject *v, int depth)
     if (PyUnicode_CheckExact(v))
         return encode_str(s, v);
     if (PyTuple_CheckExact(v))
-        return encode_items(s, '(', &PyTuple_GET_ITEM(v, 0), PyTuple_GET_SIZE(v), depth);
-    if (PyList_CheckExact(v)) {
-        /* marshal's writer (a set's sort) can run a collection, and so finalizers, which may
-           change the list: hold each item, and give up if its size changes */
-        Py_ssize_t size = PyList_GET_SIZE(v);
-        if (size > INT32_MAX) {
-            PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
-            return -1;
-        }
-        if (put_type_int32(s, '[', (int32_t)size) < 0)
-            return -1;
-        for (Py_ssize_t i = 0; i < size; i++) {
-            if (PyList_GET_SIZE(v) != size) {
-                PyErr_SetString(PyExc_RuntimeError, "list changed size during encoding");
-                return -1;
-            }
-            PyObject *item = Py_NewRef(PyList_GET_ITEM(v, i));
-            int r = encode(s, item, depth + 1);
-            Py_DECREF(item);
-            if (r < 0)
-                return r;
-        }
-        return 0;
-    }
+        return encode_seq(s, '(', v, depth);
+    if (PyList_CheckExact(v))
+        return encode_seq(s, '[', v, depth);
     if (PyObject_CheckBuffer(v)) /* no type marshal checks before its buffer case has one */
         return encode_buffer(s, v);
     return encode_by_marshal(s, v);
@@ -355,9 +343,9 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
                 PyErr_Clear();
         }
     }
-    if (s->busy) /* called from code run mid-record (a finalizer): the Python path */
-        r = call_back(s->fallback, op, muts);
-    else if (!PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS || !PyList_CheckExact(muts))
+    /* called from code run mid-record (a finalizer), or not an op record: the Python path */
+    if (s->busy || !PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS
+        || !PyList_CheckExact(muts))
         r = call_back(s->fallback, op, muts);
     else if (s->n >= s->limit)
         r = call_back(s->full, op, muts);
