@@ -12,7 +12,7 @@ import itertools
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import native
+from radixscope.cache import ledger, native
 from radixscope.cache.admission import Admitting
 from radixscope.cache.components import BACKBONE, STATE
 from radixscope.cache.config import CacheConfig
@@ -90,6 +90,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
             "bytes_per_slot": {f"{c.name}/{t.label}": self.pool(c.index, t).bytes_per_slot
                                for c in self.comps for t in self.pool_tiers},
             "kernels": native.KERNELS,
+            "ledger": ledger.LEDGER,
         } | ({} if self.storage is None else {"storage": {
             "backend": self.storage.backend.name, "write_policy": self.storage.write_policy,
             "prefetch_policy": self.storage.prefetch.policy.value,

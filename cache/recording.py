@@ -14,6 +14,7 @@ from opentelemetry import context as otel_context
 
 from radixscope.cache import events as ev
 from radixscope.cache.events import NULL_RECORDER, Recorder
+from radixscope.cache.ledger import Ledger
 from radixscope.cache.op_attrs import OP_ATTRS
 from radixscope.cache.tiers import N_TIERS, TIER_LABELS
 
@@ -27,80 +28,65 @@ _POOL_AVAILABLE = ev.POOL_AVAILABLE
 assert N_TIERS == 3, "_emit_state unrolls DEVICE, HOST, STORAGE"
 
 
-def _context_getter():
-    """The function that returns the caller's OTel context: the API's own ``ContextVar.get``
-    when the default runtime context is in use (one C call per op instead of three Python
-    ones), ``opentelemetry.context.get_current`` otherwise."""
+def _context_source():
+    """Where the caller's OTel context comes from: the API's own ``ContextVar`` when the default
+    runtime context is in use (the ledger reads it with one C call per op),
+    ``opentelemetry.context.get_current`` otherwise."""
     var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
-    return var.get if isinstance(var, contextvars.ContextVar) else otel_context.get_current
+    return var if isinstance(var, contextvars.ContextVar) else otel_context.get_current
 
 
-_current_context = _context_getter()
+_CONTEXT = _context_source()
 
 
 class Recording:
-    """Mixin of ``CacheCore``: op records, mutations, the error hook."""
+    """Mixin of ``CacheCore``: op records, mutations, the error hook.
+
+    The hot path is the ledger's (``cache/ledger.py``): ``self._run(op, req_id, fn, *args)``
+    runs every public operation and ``self._m(kind, node, comp, tier, value)`` records every
+    state change, both bound methods of the cache's ``Ledger`` (C where built), which also
+    holds the op and state counters this class reads (``seq``, ``current_op_id``)."""
 
     def _init_recording(self, recorder: Recorder | None) -> None:
         self.recorder = recorder or NULL_RECORDER
         self._on = bool(self.recorder.enabled)
-        self._ctx = bool(getattr(self.recorder, "capture_context", False))
-        self._record = self.recorder.record
-        self.seq = 0
-        self._op_id = 0
-        self._cur_op = 0
-        self._muts: list[tuple] = []
-        self._depth = 0
+        capture = bool(getattr(self.recorder, "capture_context", False))
+        self._ledger = ledger = Ledger(self, self.recorder.record, _CONTEXT if capture else None,
+                                       OP_ATTRS, self._on)
+        self._run = ledger.run
+        self._m = ledger.m
         self.recorder_errors = 0
         self.error_hook = None  # called with (op, exception) when an operation raises
         self.bundle_writer = None  # set by telemetry.capture.crash.install_crash_bundles
 
-    def _run(self, op: str, req_id, fn, *args):
-        """Run one public operation ``fn(*args)`` and record it (the hot path of every op).
+    @property
+    def seq(self) -> int:
+        """The number of the last state change recorded (0: none yet)."""
+        return self._ledger.seq
 
-        Nested internal calls (and every call while recording is off) run plainly: an op's
-        record covers everything it did, including the public operations it called."""
-        if self._depth or not self._on:
-            return self._run_unrecorded(op, fn, args)
-        self._depth = 1
-        self._op_id = op_id = self._op_id + 1
-        self._cur_op = op_id
-        ctx = _current_context() if self._ctx else None
-        seq_first = self.seq + 1
-        start = _time_ns()
-        try:
-            out = fn(*args)
-        except BaseException as e:
-            self._depth = 0
-            self._emit_record((op_id, op, start, _time_ns(), req_id, ctx, seq_first, self.seq,
-                               {}, f"{type(e).__name__}: {e}"))
-            self._after_error(op, e)
-            raise
-        self._depth = 0
-        end = _time_ns()
-        muts, self._muts = self._muts, []
-        try:
-            attrs = OP_ATTRS[op](self, out, args)
-        except Exception:  # a bad attribute must not cost the op its record (its mutations)
-            self._recorder_failed(op)
-            attrs = {}
-        try:
-            self._record((op_id, op, start, end, req_id, ctx, seq_first, self.seq, attrs, None),
-                         muts)
-        except Exception:  # telemetry must never break the cache; counted and logged
-            self._recorder_failed(op)
-        return out
+    @property
+    def _depth(self) -> int:
+        return self._ledger.depth
 
-    def _run_unrecorded(self, op: str, fn, args):
-        self._depth += 1
-        try:
-            out = fn(*args)
-        except BaseException as e:
-            self._depth -= 1
-            self._after_error(op, e)
-            raise
-        self._depth -= 1
-        return out
+    @_depth.setter
+    def _depth(self, value: int) -> None:
+        self._ledger.depth = value
+
+    @property
+    def _op_id(self) -> int:
+        return self._ledger.op_id
+
+    @property
+    def _cur_op(self) -> int:
+        return self._ledger.cur_op
+
+    def _op_failed(self, op_id: int, op: str, start: int, end: int, req_id, ctx, seq_first: int,
+                   error: BaseException) -> None:
+        """A recorded op raised (the ledger calls this before the error propagates): its record,
+        with the error, then the error hook."""
+        self._emit_record((op_id, op, start, end, req_id, ctx, seq_first, self.seq, {},
+                           f"{type(error).__name__}: {error}"))
+        self._after_error(op, error)
 
     def _after_error(self, op: str, error: BaseException) -> None:
         # the failing op is on record before the hook (a crash bundle) looks for it
@@ -109,12 +95,13 @@ class Recording:
 
     def _begin(self):
         """Start a record outside ``_run`` (transfer acks); nested calls share the outer op."""
-        self._depth += 1
-        if not self._on or self._depth > 1:
+        ledger = self._ledger
+        ledger.depth += 1
+        if not self._on or ledger.depth > 1:
             return None
-        self._op_id += 1
-        self._cur_op = self._op_id
-        return (self._op_id, _time_ns(), self.seq + 1)
+        ledger.op_id += 1
+        ledger.cur_op = ledger.op_id
+        return (ledger.op_id, _time_ns(), ledger.seq + 1)
 
     def end_transfer(self, tok, attrs: dict, start_ns: int) -> None:
         """Close a transfer ack: its own ``transfer`` op record when top-level; when nested in
@@ -124,8 +111,8 @@ class Recording:
         if tok is not None:
             op_id, _start, seq_first = tok
         elif self._on:
-            self._op_id += 1
-            op_id, seq_first = self._op_id, self.seq + 1
+            self._ledger.op_id += 1
+            op_id, seq_first = self._ledger.op_id, self.seq + 1
         else:
             return
         self._emit_record((op_id, ev.OP_TRANSFER, start_ns, _time_ns(), None, None, seq_first,
@@ -145,17 +132,16 @@ class Recording:
                                self.seq, attrs, None))
 
     def _emit_record(self, rec: tuple, take_muts: bool = True) -> None:
-        muts: list[tuple] = []
-        if take_muts:
-            muts, self._muts = self._muts, []
+        muts = self._ledger.take() if take_muts else []
         try:
-            self._record(rec, muts)
-        except Exception:  # telemetry must never break the cache; counted and logged
-            self._recorder_failed(rec[1])
+            self.recorder.record(rec, muts)
+        except Exception as e:  # telemetry must never break the cache; counted and logged
+            self._recorder_failed(rec[1], e)
 
-    def _recorder_failed(self, op: str) -> None:
+    def _recorder_failed(self, op: str, error: BaseException) -> None:
         self.recorder_errors += 1
-        log.exception("recorder failed on op %s (failure #%d)", op, self.recorder_errors)
+        log.error("recorder failed on op %s (failure #%d)", op, self.recorder_errors,
+                  exc_info=error)
 
     def _run_error_hook(self, op: str, error: BaseException) -> None:
         hook, self.error_hook = self.error_hook, None  # no recursion if the hook itself fails
@@ -170,33 +156,24 @@ class Recording:
     @property
     def current_op_id(self) -> int:
         """The id of the op running now (or the last one that ran)."""
-        return self._cur_op
+        return self._ledger.cur_op
 
     def pending_mutations(self) -> tuple[tuple, ...]:
         """Mutations made by the op running now and not yet handed to the recorder (a failing
         op's, before its record is written); plain tuples in ``Mutation`` order."""
-        return tuple(self._muts)
-
-    def _m(self, kind: str, node, comp, tier, value) -> None:
-        if self._on:
-            self.seq = seq = self.seq + 1
-            self._muts.append((seq, self._cur_op, kind, node, comp, tier, value))
+        return tuple(self._ledger.muts)
 
     def _emit_state(self, node: Node, ci: int) -> None:
         if self._on:
             d = node.data[ci]
-            self.seq = seq = self.seq + 1
             size = self._sizes[ci]
             # the three tiers unrolled (DEVICE, HOST: slot tensors; STORAGE: StoredPages, their
             # own numel): 0.5 us a state instead of 0.65 for a loop
             dv, hv, sv = d.values
-            self._muts.append((seq, self._cur_op, _COMP_STATE, node.id, self.comps[ci].name, None,
-                               ((None if dv is None else size(dv),
-                                 None if hv is None else size(hv),
-                                 None if sv is None else sv.numel()), tuple(d.refs))))
+            self._m(_COMP_STATE, node.id, self.comps[ci].name, None,
+                    ((None if dv is None else size(dv), None if hv is None else size(hv),
+                      None if sv is None else sv.numel()), tuple(d.refs)))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""
-        self.seq = seq = self.seq + 1
-        self._muts.append((seq, self._cur_op, _POOL_AVAILABLE, None, self.comps[ci].name,
-                           TIER_LABELS[tier], available))
+        self._m(_POOL_AVAILABLE, None, self.comps[ci].name, TIER_LABELS[tier], available)

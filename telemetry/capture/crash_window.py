@@ -120,7 +120,8 @@ def _gaps(muts: list[Mutation]) -> list[tuple[int, int]]:
 def _failing_op(cache: Any, ops: list[OpRecord], muts: list[Mutation], op: str | None,
                 exc: BaseException | None) -> tuple[OpRecord | None, bool]:
     """The failing op's record: the recorder's last one when it is already there, else one
-    rebuilt from the cache's op counter and the ``_run`` frame of the traceback."""
+    rebuilt from the cache's op counter (and its request id from the ledger's ``run`` frame in
+    the traceback, where the ledger is the Python one)."""
     if exc is None or op is None:
         return None, False
     cur = getattr(cache, "current_op_id", None)
@@ -138,7 +139,7 @@ def _failing_op(cache: Any, ops: list[OpRecord], muts: list[Mutation], op: str |
 
 def _req_id_of(exc: BaseException) -> str | None:
     for frame, _ in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code.co_name == "_run" and "req_id" in frame.f_locals:
+        if frame.f_code.co_name == "run" and {"req_id", "fn"} <= frame.f_locals.keys():
             v = frame.f_locals["req_id"]
             return v if isinstance(v, str) else None
     return None

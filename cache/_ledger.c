@@ -1,0 +1,463 @@
+/* The cache's ledger in C (``radixscope.cache._ledger``): the per-op bookkeeping of recording.
+
+``cache/ledger.py`` documents the interface and holds ``PyLedger``, the Python version this
+one must behave as (tests/cache/test_ledger.py runs both): ``run(op, req_id, fn, *args)`` runs
+one public operation and, at the top level with recording on, hands ``record(op_record,
+mutations)`` its record; ``m(kind, node, comp, tier, value)`` numbers one state change; ``take()``
+hands over the mutations kept so far. The counters (``seq``, ``op_id``, ``cur_op``, ``depth``) and
+``on`` are read-write attributes, ``muts`` the running op's list.
+
+A recorded op costs here what the Python version spends on interpreting: its ids, clock and
+context, the record's tuple and the swap of the mutation list are a few C statements, and the
+attribute builder (``attrs[op]``) and the recorder are called with vectorcall. Errors go back to
+the cache's own methods (``_op_failed``, ``_after_error``, ``_recorder_failed``), called with
+the exception as an argument; the cache is held by a weak reference (no cycle keeps a cache's
+buffers alive). ``LEDGER_ABI`` changes whenever the interface does: ``ledger.py`` refuses a
+build whose number is not its own. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+#define LEDGER_ABI 1
+
+typedef struct {
+    PyObject_HEAD
+    long long seq, op_id, cur_op, depth;
+    int on;
+    PyObject *muts;              /* list: the running op's mutations */
+    PyObject *cache;             /* weakref to the owner */
+    PyObject *record;            /* record(op_record, mutations) */
+    PyObject *ctx_var, *ctx_fn;  /* the caller's context: a ContextVar, or a callable, or none */
+    PyObject *attrs;             /* dict: op -> builder(cache, out, args) */
+    PyObject *weakreflist;
+} Ledger;
+
+static long long
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* what time.time_ns() reads */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The owner (borrowed), or NULL with RuntimeError. */
+static PyObject *
+owner(Ledger *L)
+{
+    PyObject *cache = L->cache == NULL ? Py_None : PyWeakref_GetObject(L->cache);
+    if (cache == NULL)
+        return NULL;
+    if (cache == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "the ledger's cache was freed");
+        return NULL;
+    }
+    return cache;
+}
+
+/* Call the owner's ``name(*args, error)`` with the raised exception, then raise it again;
+   an exception from the call itself replaces it (with the first as its context). */
+static void
+report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *cache = owner(L), *r = NULL;
+    if (cache != NULL) {
+        Py_INCREF(cache);
+        PyObject *meth = PyObject_GetAttrString(cache, name);
+        if (meth != NULL) {
+            args[n] = value;
+            r = PyObject_Vectorcall(meth, args, n + 1, NULL);
+            Py_DECREF(meth);
+        }
+        Py_DECREF(cache);
+    }
+    if (r != NULL) {
+        Py_DECREF(r);
+        PyErr_Restore(type, value, tb);
+        return;
+    }
+    PyObject *t2, *v2, *tb2;
+    PyErr_Fetch(&t2, &v2, &tb2);
+    PyErr_NormalizeException(&t2, &v2, &tb2);
+    if (v2 != NULL && value != NULL)
+        PyException_SetContext(v2, Py_NewRef(value));
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Restore(t2, v2, tb2);
+}
+
+/* The attribute builder or the recorder raised: the owner logs and counts it; the op stands. */
+static int
+recorder_failed(Ledger *L, PyObject *op)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyObject *cache = owner(L);
+    if (cache == NULL) {
+        Py_XDECREF(value);
+        return -1;
+    }
+    PyObject *r = PyObject_CallMethod(cache, "_recorder_failed", "OO", op,
+                                      value ? value : Py_None);
+    Py_XDECREF(value);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+context(Ledger *L)
+{
+    if (L->ctx_var != NULL) {
+        PyObject *v;
+        if (PyContextVar_Get(L->ctx_var, NULL, &v) < 0)
+            return NULL;
+        if (v == NULL) /* no value and no default: ContextVar.get() raises LookupError */
+            PyErr_SetObject(PyExc_LookupError, L->ctx_var);
+        return v;
+    }
+    if (L->ctx_fn != NULL)
+        return PyObject_CallNoArgs(L->ctx_fn);
+    return Py_NewRef(Py_None);
+}
+
+static PyObject *
+run_plain(Ledger *L, PyObject *op, PyObject *fn, PyObject *const *args, Py_ssize_t n)
+{
+    L->depth++;
+    PyObject *out = PyObject_Vectorcall(fn, args, n, NULL);
+    L->depth--;
+    if (out == NULL) {
+        PyObject *cb[2] = {op, NULL};
+        report_and_reraise(L, "_after_error", cb, 1);
+    }
+    return out;
+}
+
+/* Build the attributes and hand the record over; failures are reported, never raised. */
+static int
+record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssize_t n,
+          PyObject *rec_head[8], PyObject *muts)
+{
+    PyObject *cache = owner(L);
+    if (cache == NULL)
+        return -1;
+    Py_INCREF(cache);
+    PyObject *attrs = NULL, *argt = NULL, *builder = PyDict_GetItemWithError(L->attrs, op);
+    if (builder == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_KeyError, op);
+    if (builder != NULL && (argt = PyTuple_New(n)) != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(argt, i, Py_NewRef(args[i]));
+        PyObject *bargs[3] = {cache, out, argt};
+        attrs = PyObject_Vectorcall(builder, bargs, 3, NULL);
+        Py_DECREF(argt);
+    }
+    int rc = 0;
+    if (attrs == NULL && (recorder_failed(L, op) < 0 || (attrs = PyDict_New()) == NULL))
+        rc = -1;
+    PyObject *rec = rc < 0 ? NULL : PyTuple_New(10);
+    if (rec != NULL) {
+        for (int i = 0; i < 8; i++)
+            PyTuple_SET_ITEM(rec, i, Py_NewRef(rec_head[i]));
+        PyTuple_SET_ITEM(rec, 8, attrs);
+        attrs = NULL;
+        PyTuple_SET_ITEM(rec, 9, Py_NewRef(Py_None));
+        PyObject *rargs[2] = {rec, muts};
+        PyObject *r = PyObject_Vectorcall(L->record, rargs, 2, NULL);
+        Py_DECREF(rec);
+        if (r != NULL)
+            Py_DECREF(r);
+        else if (recorder_failed(L, op) < 0)
+            rc = -1;
+    }
+    else
+        rc = -1;
+    Py_XDECREF(attrs);
+    Py_DECREF(cache);
+    return rc;
+}
+
+static PyObject *
+ledger_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs < 3) {
+        PyErr_SetString(PyExc_TypeError, "run takes (op, req_id, fn, *args)");
+        return NULL;
+    }
+    PyObject *op = args[0], *req_id = args[1], *fn = args[2];
+    PyObject *const *fargs = args + 3;
+    Py_ssize_t n = nargs - 3;
+    if (L->depth || !L->on)
+        return run_plain(L, op, fn, fargs, n);
+    L->depth = 1;
+    long long op_id = ++L->op_id;
+    L->cur_op = op_id;
+    PyObject *ctx = context(L);
+    if (ctx == NULL) {
+        L->depth = 0;
+        return NULL;
+    }
+    long long seq_first = L->seq + 1, start = now_ns();
+    PyObject *out = PyObject_Vectorcall(fn, fargs, n, NULL);
+    L->depth = 0;
+    long long end = now_ns();
+    PyObject *head[8] = {PyLong_FromLongLong(op_id), op, PyLong_FromLongLong(start),
+                         PyLong_FromLongLong(end), req_id, ctx, PyLong_FromLongLong(seq_first),
+                         PyLong_FromLongLong(L->seq)};
+    int ok = head[0] && head[2] && head[3] && head[6] && head[7];
+    if (out == NULL) {
+        if (ok) {
+            PyObject *cb[9] = {head[0], op, head[2], head[3], req_id, ctx, head[6], NULL, NULL};
+            report_and_reraise(L, "_op_failed", cb, 7);
+        }
+    }
+    else if (!ok) {
+        Py_CLEAR(out);
+    }
+    else {
+        PyObject *muts = L->muts, *fresh = PyList_New(0);
+        if (fresh == NULL)
+            Py_CLEAR(out);
+        else {
+            L->muts = fresh;
+            if (record_op(L, op, out, fargs, n, head, muts) < 0)
+                Py_CLEAR(out);
+            Py_DECREF(muts);
+        }
+    }
+    for (int i = 0; i < 8; i++)
+        if (i != 1 && i != 4 && i != 5)
+            Py_XDECREF(head[i]);
+    Py_DECREF(ctx);
+    return out;
+}
+
+static PyObject *
+ledger_m(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "m takes (kind, node, comp, tier, value)");
+        return NULL;
+    }
+    if (!L->on)
+        Py_RETURN_NONE;
+    PyObject *t = PyTuple_New(7);
+    if (t == NULL)
+        return NULL;
+    PyObject *seq = PyLong_FromLongLong(L->seq + 1), *cur = PyLong_FromLongLong(L->cur_op);
+    if (seq == NULL || cur == NULL) {
+        Py_XDECREF(seq);
+        Py_XDECREF(cur);
+        Py_DECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, seq);
+    PyTuple_SET_ITEM(t, 1, cur);
+    for (int i = 0; i < 5; i++)
+        PyTuple_SET_ITEM(t, 2 + i, Py_NewRef(args[i]));
+    int r = PyList_Append(L->muts, t);
+    Py_DECREF(t);
+    if (r < 0)
+        return NULL;
+    L->seq++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+ledger_take(PyObject *self, PyObject *unused)
+{
+    Ledger *L = (Ledger *)self;
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    PyObject *muts = L->muts;
+    L->muts = fresh;
+    return muts;
+}
+
+static PyMethodDef ledger_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))ledger_run, METH_FASTCALL,
+     "run(op, req_id, fn, *args): fn(*args), recorded at the top level when on."},
+    {"m", (PyCFunction)(void (*)(void))ledger_m, METH_FASTCALL,
+     "m(kind, node, comp, tier, value): number one state change and keep it."},
+    {"take", ledger_take, METH_NOARGS, "take(): the mutations kept so far (a fresh list follows)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef ledger_members[] = {
+    {"seq", T_LONGLONG, offsetof(Ledger, seq), 0, "the last state change's number"},
+    {"op_id", T_LONGLONG, offsetof(Ledger, op_id), 0, "the last op id handed out"},
+    {"cur_op", T_LONGLONG, offsetof(Ledger, cur_op), 0, "the op running now (or last run)"},
+    {"depth", T_LONGLONG, offsetof(Ledger, depth), 0, "nesting of the running op"},
+    {"on", T_BOOL, offsetof(Ledger, on), 0, "recording"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *
+ledger_get_muts(PyObject *self, void *closure)
+{
+    return Py_NewRef(((Ledger *)self)->muts);
+}
+
+static int
+ledger_set_muts(PyObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyList_CheckExact(value)) {
+        PyErr_Format(PyExc_TypeError, "muts must be a list, got %R", value);
+        return -1;
+    }
+    Py_SETREF(((Ledger *)self)->muts, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef ledger_getset[] = {
+    {"muts", ledger_get_muts, ledger_set_muts, "the running op's mutations", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static int
+ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    Ledger *L = (Ledger *)self;
+    static char *kw[] = {"cache", "record", "context", "attrs", "on", NULL};
+    PyObject *cache, *record, *ctx, *attrs;
+    int on;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOp:Ledger", kw, &cache, &record, &ctx,
+                                     &attrs, &on))
+        return -1;
+    /* the checks of ledger.check_args, before anything is kept */
+    if (!PyCallable_Check(record)) {
+        PyErr_Format(PyExc_TypeError, "record must be callable, got %R", record);
+        return -1;
+    }
+    if (ctx != Py_None && !PyContextVar_CheckExact(ctx) && !PyCallable_Check(ctx)) {
+        PyErr_Format(PyExc_TypeError, "context must be a ContextVar, a callable or None, got %R",
+                     ctx);
+        return -1;
+    }
+    if (!PyDict_Check(attrs)) {
+        PyErr_Format(PyExc_TypeError, "attrs must be a dict of op -> attribute builder, got %R",
+                     attrs);
+        return -1;
+    }
+    PyObject *ref = PyWeakref_NewRef(cache, NULL), *muts = PyList_New(0);
+    if (ref == NULL || muts == NULL) {
+        Py_XDECREF(ref);
+        Py_XDECREF(muts);
+        return -1;
+    }
+    Py_XSETREF(L->cache, ref);
+    Py_XSETREF(L->muts, muts);
+    Py_XSETREF(L->record, Py_NewRef(record));
+    Py_CLEAR(L->ctx_var);
+    Py_CLEAR(L->ctx_fn);
+    if (PyContextVar_CheckExact(ctx))
+        L->ctx_var = Py_NewRef(ctx);
+    else if (ctx != Py_None)
+        L->ctx_fn = Py_NewRef(ctx);
+    Py_XSETREF(L->attrs, Py_NewRef(attrs));
+    L->on = on;
+    L->seq = L->op_id = L->cur_op = L->depth = 0;
+    return 0;
+}
+
+static PyObject *
+ledger_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Ledger *L = (Ledger *)type->tp_alloc(type, 0);
+    if (L != NULL && (L->muts = PyList_New(0)) == NULL)
+        Py_CLEAR(L);
+    return (PyObject *)L;
+}
+
+static int
+ledger_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Ledger *L = (Ledger *)self;
+    Py_VISIT(L->muts);
+    Py_VISIT(L->cache);
+    Py_VISIT(L->record);
+    Py_VISIT(L->ctx_var);
+    Py_VISIT(L->ctx_fn);
+    Py_VISIT(L->attrs);
+    return 0;
+}
+
+static int
+ledger_clear(PyObject *self)
+{
+    Ledger *L = (Ledger *)self;
+    Py_CLEAR(L->cache);
+    Py_CLEAR(L->record);
+    Py_CLEAR(L->ctx_var);
+    Py_CLEAR(L->ctx_fn);
+    Py_CLEAR(L->attrs);
+    /* muts stays a list: every method may rely on it */
+    return 0;
+}
+
+static void
+ledger_dealloc(PyObject *self)
+{
+    Ledger *L = (Ledger *)self;
+    PyObject_GC_UnTrack(self);
+    if (L->weakreflist != NULL)
+        PyObject_ClearWeakRefs(self);
+    ledger_clear(self);
+    Py_CLEAR(L->muts);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject LedgerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "radixscope.cache._ledger.Ledger",
+    .tp_doc = "Ledger(cache, record, context, attrs, on): see cache/ledger.py.",
+    .tp_basicsize = sizeof(Ledger),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = ledger_new,
+    .tp_init = ledger_init,
+    .tp_traverse = ledger_traverse,
+    .tp_clear = ledger_clear,
+    .tp_dealloc = ledger_dealloc,
+    .tp_weaklistoffset = offsetof(Ledger, weakreflist),
+    .tp_methods = ledger_methods,
+    .tp_members = ledger_members,
+    .tp_getset = ledger_getset,
+};
+
+static struct PyModuleDef ledger_module = {
+    PyModuleDef_HEAD_INIT, "radixscope.cache._ledger",
+    "The cache's ledger in C; see cache/ledger.py.", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__ledger(void)
+{
+    if (PyType_Ready(&LedgerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&ledger_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", LEDGER_ABI) < 0
+        || PyModule_AddObjectRef(m, "Ledger", (PyObject *)&LedgerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,268 @@
+"""The ledger (``cache/ledger.py``; ``cache/_ledger.c`` where built): every public operation's
+record, ids, counters and mutations, and where its failures go. Each behaviour is checked on
+both implementations, and a cache on each records the same op sequences identically."""
+
+from __future__ import annotations
+
+import contextvars
+import gc
+import random
+import weakref
+
+import pytest
+
+from radixscope.cache import HiRadixCache, ledger, recording
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.cache.events import FlightRecorder
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.kits.require import missing, pass_without_native
+
+C = ledger._built
+IMPLS = [pytest.param(ledger.PyLedger, id="python"),
+         pytest.param(None if C is None else C.Ledger, id="native")]
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request):
+    if request.param is None:
+        missing("native", "the native ledger was not built (no C compiler at install, or "
+                "RADIXSCOPE_NATIVE=0)")
+    return request.param
+
+
+class Owner:
+    """Stands in for the cache: what the ledger calls back, kept."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.raise_in: str | None = None
+
+    def _op_failed(self, *args) -> None:
+        self._call("_op_failed", args)
+
+    def _after_error(self, *args) -> None:
+        self._call("_after_error", args)
+
+    def _recorder_failed(self, *args) -> None:
+        self._call("_recorder_failed", args)
+
+    def _call(self, name: str, args: tuple) -> None:
+        self.calls.append((name, *args))
+        if self.raise_in == name:
+            raise KeyError(f"{name} failed")
+
+
+def make(impl, attrs=None, context=None, on=True, record=None):
+    owner, records = Owner(), []
+    attrs = {"op": lambda cache, out, args: (cache is owner, out, args)} if attrs is None \
+        else attrs
+    led = impl(owner, record or (lambda op, muts: records.append((op, muts))), context, attrs, on)
+    return led, owner, records
+
+
+def test_the_cache_runs_on_the_native_ledger_when_it_is_built() -> None:
+    if C is None:
+        missing("native", "the native ledger was not built")
+    assert ledger.LEDGER == "native" and C.ABI == ledger.ABI
+    c = HiRadixCache(make_config(), recorder=FlightRecorder())
+    assert type(c._ledger) is C.Ledger and c._run.__self__ is c._ledger
+
+
+def test_a_recorded_op_is_numbered_timed_and_carries_its_mutations(impl) -> None:
+    var = contextvars.ContextVar("ctx", default="outer")
+    led, owner, records = make(impl, context=var)
+
+    def body(a, b):
+        led.m("node.create", 7, None, None, (0, None, b"k"))
+        led.run("op", "inner", lambda: led.m("node.touch", 7, None, None, 3))  # nested: plain
+        return a + b
+
+    assert led.run("op", "r1", body, 2, 3) == 5
+    assert led.run("op", None, lambda: "x") == "x"
+    (op1, muts1), (op2, muts2) = records
+    assert op1[:2] == (1, "op") and op1[4:] == ("r1", "outer", 1, 2, (True, 5, (2, 3)), None)
+    assert 0 < op1[2] <= op1[3] <= op2[2]
+    assert muts1 == [(1, 1, "node.create", 7, None, None, (0, None, b"k")),
+                     (2, 1, "node.touch", 7, None, None, 3)]
+    assert op2[:2] == (2, "op") and op2[4:] == (None, "outer", 3, 2, (True, "x", ()), None)
+    assert muts2 == []
+    assert (led.seq, led.op_id, led.cur_op, led.depth) == (2, 2, 2, 0)
+    token = var.set("inner")
+    try:
+        led.run("op", None, lambda: None)
+    finally:
+        var.reset(token)
+    assert records[-1][0][5] == "inner"
+    assert owner.calls == []
+
+
+@pytest.mark.parametrize("context", [None, lambda: "called"], ids=["none", "callable"])
+def test_the_context_is_read_from_a_callable_or_not_at_all(impl, context) -> None:
+    led, _, records = make(impl, context=context)
+    led.run("op", None, lambda: None)
+    assert records[0][0][5] == (None if context is None else "called")
+
+
+def test_recording_off_runs_plainly(impl) -> None:
+    led, owner, records = make(impl, on=False)
+    assert led.run("op", "r", lambda: led.m("k", 1, None, None, None) or led.depth) == 1
+    assert records == [] and (led.seq, led.op_id, led.depth, led.muts) == (0, 0, 0, [])
+    led.on = True
+    led.run("op", "r", lambda: None)
+    assert [r[0][0] for r in records] == [1]
+
+
+def test_an_op_that_raises_is_reported_before_the_error_propagates(impl) -> None:
+    var = contextvars.ContextVar("ctx", default="c")
+    led, owner, records = make(impl, context=var)
+    err = ValueError("bad value 7")
+
+    def body():
+        led.m("node.touch", 1, None, None, 1)
+        raise err
+
+    with pytest.raises(ValueError) as got:
+        led.run("op", "r9", body)
+    assert got.value is err and led.depth == 0
+    (name, op_id, op, start, end, req_id, ctx, seq_first, error), = owner.calls
+    assert (name, op_id, op, req_id, ctx, seq_first, error) == \
+        ("_op_failed", 1, "op", "r9", "c", 1, err) and start <= end
+    assert records == [] and led.muts == [(1, 1, "node.touch", 1, None, None, 1)]
+    # nested or unrecorded: the owner's error path only
+    owner.calls.clear()
+    led.on = False
+    with pytest.raises(ValueError):
+        led.run("op", "r", body)
+    assert owner.calls == [("_after_error", "op", err)] and led.depth == 0
+
+
+def test_a_failing_error_callback_raises_its_own_error_with_the_first_as_context(impl) -> None:
+    led, owner, _ = make(impl)
+    owner.raise_in = "_op_failed"
+    err = ValueError("first")
+
+    def boom():
+        raise err
+
+    with pytest.raises(KeyError) as got:
+        led.run("op", None, boom)
+    assert got.value.__context__ is err and led.depth == 0
+
+
+def test_a_bad_attribute_builder_or_recorder_costs_the_op_nothing(impl) -> None:
+    def bad(cache, out, args):
+        raise ZeroDivisionError("attrs")
+
+    led, owner, records = make(impl, attrs={"op": bad})
+    assert led.run("op", None, lambda: led.m("k", 1, None, None, None) or 4) == 4
+    assert records[0][0][8] == {} and records[0][1] == [(1, 1, "k", 1, None, None, None)]
+    led.run("unknown op", None, lambda: 5)
+    assert records[1][0][8] == {}
+    (n1, op1, e1), (n2, op2, e2) = owner.calls
+    assert (n1, op1, type(e1), n2, op2, type(e2)) == \
+        ("_recorder_failed", "op", ZeroDivisionError, "_recorder_failed", "unknown op", KeyError)
+
+    def failing(op, muts):
+        raise OSError("recorder down")
+
+    led, owner, _ = make(impl, record=failing)
+    assert led.run("op", None, lambda: 6) == 6
+    assert [(c[0], c[1], type(c[2])) for c in owner.calls] == \
+        [("_recorder_failed", "op", OSError)]
+    assert led.depth == 0 and led.muts == []
+
+
+def test_take_hands_over_the_kept_mutations(impl) -> None:
+    led, _, _ = make(impl)
+    led.m("a", 1, None, None, None)
+    kept = led.take()
+    assert kept == [(1, 0, "a", 1, None, None, None)] and led.muts == [] and led.seq == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((42, None, {}), "record must be callable, got 42"),
+    ((print, "ctx", {}), "context must be a ContextVar, a callable or None, got 'ctx'"),
+    ((print, None, [1]), r"attrs must be a dict of op -> attribute builder, got \[1\]"),
+])
+def test_bad_arguments_are_refused_with_the_value(impl, args, needle) -> None:
+    with pytest.raises(TypeError, match=needle):
+        impl(Owner(), *args, True)
+
+
+def test_a_ledger_holds_its_cache_weakly(impl) -> None:
+    """No cycle keeps a cache (its buffers) alive: it goes with its last reference."""
+    gc.disable()
+    try:
+        c = HiRadixCache(make_config(), recorder=FlightRecorder())
+        ref, led = weakref.ref(c), c._ledger
+        del c
+        assert ref() is None
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError, match="the ledger's cache was freed"):
+        led.run("match", None, lambda: 1)
+    led2, owner, _ = make(impl, attrs={"op": lambda cache, out, args: ()})
+    del owner
+    with pytest.raises(RuntimeError, match="the ledger's cache was freed"):
+        led2.run("op", None, lambda: 1)
+
+
+def _session(c: HiRadixCache, seed: int) -> None:
+    """Random scheduler-shaped ops, host round trips and refused calls."""
+    rng, d, receipts = random.Random(seed), Driver(c), []
+    for _ in range(120):
+        key = [rng.randint(0, 3) for _ in range(rng.randint(1, 10))]
+        roll = rng.random()
+        try:
+            if roll < 0.35:
+                d.insert(key, req_id=f"r{seed}")
+            elif roll < 0.55:
+                m = c.match_prefix(key, req_id="m")
+                if m.needs_load_back and rng.random() < 0.5:
+                    c.load_back(m)
+                    c.poll(wait=True)
+            elif roll < 0.65 and len(c.tree.nodes) > 1:
+                receipts.append(c.lock(rng.choice(sorted(c.tree.nodes)[1:]), owner="o"))
+            elif roll < 0.75 and receipts:
+                c.unlock(receipts.pop(rng.randrange(len(receipts))))
+            elif roll < 0.85:
+                c.evict(rng.randint(1, 8))
+            elif roll < 0.93 and len(c.tree.nodes) > 1:
+                c.backup(rng.choice(sorted(c.tree.nodes)[1:]))
+                c.poll()
+            elif roll < 0.97:
+                with pytest.raises((ValueError, TypeError)):  # refused before the op runs
+                    c.evict(-rng.randint(1, 3))
+            else:
+                with pytest.raises(CacheOutOfMemory):  # an op that fails: recorded with it
+                    c.alloc(10_000)
+        except CacheOutOfMemory:
+            pass
+    c.poll(wait=True)
+    c.check()
+
+
+@pytest.mark.parametrize("comps", COMBOS, ids=COMBO_IDS)
+def test_a_cache_on_either_ledger_records_the_same(monkeypatch, comps) -> None:
+    if C is None:
+        missing("native", "the native ledger was not built")
+    tails = []
+    for impl in (ledger.PyLedger, C.Ledger):
+        monkeypatch.setattr(recording, "Ledger", impl)
+        rec = FlightRecorder()
+        c = HiRadixCache(make_config(comps, device_tokens=48, host_tokens=96), recorder=rec)
+        assert type(c._ledger) is impl
+        _session(c, seed=len(comps))
+        ops, muts = rec.tail()
+        tails.append(([(o.op_id, o.op, o.req_id, o.seq_first, o.seq_last, o.attrs, o.error)
+                       for o in ops], list(muts), c.seq, c.current_op_id))
+    assert len(tails[0][0]) > 100 and any(o[6] for o in tails[0][0])  # errors recorded too
+    assert tails[0] == tails[1]
+
+
+def test_the_cache_runs_the_same_on_the_python_ledger() -> None:
+    """Without the module (as on a machine with no C compiler) the recording tests pass."""
+    if C is None:  # this is that run (or such a machine): nothing to compare
+        missing("native", "the native ledger was not built")
+    pass_without_native(["tests/cache/test_ledger.py", "tests/cache/test_op_attrs.py",
+                         "tests/telemetry/test_postmortem_bundle.py"])
