@@ -12,6 +12,8 @@ page size 1), interleaved batch by batch, each a step further along the record p
   its buffer), on the encoder in use (``telemetry.record.sink.ENCODER``);
 - ``recorder (py)``, where the native encoder is built: the same on the Python encoder (one
   ``marshal.dumps`` and one append per record), for comparison;
+- ``baseline (py)`` and ``cache side (py)``, where the native ledger is built: the first two on
+  the Python ledger (``cache.ledger.PyLedger``), for comparison;
 - ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
 
 Printed: each cache's per-op medians (CPU time of the calling thread, us) and ops/s (as
@@ -28,6 +30,7 @@ machine: read them to about a microsecond.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -39,14 +42,17 @@ import torch  # noqa: E402
 from bench_scale import SCALES, Run, workload_args  # noqa: E402
 from scale_stats import ops_in  # noqa: E402
 
-from radixscope.cache import native  # noqa: E402
+from radixscope.cache import native, recording  # noqa: E402
 from radixscope.cache.events import Recorder  # noqa: E402
+from radixscope.cache.ledger import LEDGER, PyLedger  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
 from radixscope.telemetry.record.sink import ENCODER  # noqa: E402
 
 STEPS = (("cache side", "baseline", "discard"), ("recorder", "discard", "recorder"),
-         ("recorder (py)", "discard", "recorder_py"), ("pipeline", "recorder", "telemetry"))
+         ("recorder (py)", "discard", "recorder_py"), ("pipeline", "recorder", "telemetry"),
+         ("py ledger, off", "baseline", "baseline_py"),
+         ("py ledger, on", "discard", "discard_py"))
 
 
 class DiscardRecorder(Recorder):
@@ -57,6 +63,16 @@ class DiscardRecorder(Recorder):
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
         pass
+
+
+@contextlib.contextmanager
+def python_ledger():
+    """Caches made inside run on the Python ledger."""
+    built, recording.Ledger = recording.Ledger, PyLedger
+    try:
+        yield
+    finally:
+        recording.Ledger = built
 
 
 def main() -> None:
@@ -76,6 +92,11 @@ def main() -> None:
         if ENCODER == "native":
             runs["recorder_py"] = Run("recorder (py)", nodes, comps, False, d, False,
                                       detached("python"))
+        if LEDGER == "native":
+            with python_ledger():
+                runs["baseline_py"] = Run("baseline (py)", nodes, comps, False, d, False)
+                runs["discard_py"] = Run("cache side (py)", nodes, comps, False, d, False,
+                                         DiscardRecorder())
         runs["telemetry"] = Run("telemetry", nodes, comps, True, d, False)
         for _ in range(args.reps):
             for r in runs.values():
@@ -93,7 +114,7 @@ def main() -> None:
 
     print(f"scale {args.scale}: components {'+'.join(comps)}, {args.reps} interleaved batches x "
           f"{args.requests} requests per cache; medians of the calling thread's CPU time, us; "
-          f"kernels {native.KERNELS}, encoder {ENCODER}")
+          f"kernels {native.KERNELS}, ledger {LEDGER}, encoder {ENCODER}")
     print(f"  {'':>13} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True))
           + "    ops/s  of baseline's")
     for k, r in runs.items():

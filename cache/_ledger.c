@@ -42,18 +42,54 @@ now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* The owner (borrowed), or NULL with RuntimeError. */
+/* The owner (a new reference), or NULL with RuntimeError when it was freed. */
 static PyObject *
 owner(Ledger *L)
 {
-    PyObject *cache = L->cache == NULL ? Py_None : PyWeakref_GetObject(L->cache);
-    if (cache == NULL)
+    PyObject *cache = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (L->cache != NULL && PyWeakref_GetRef(L->cache, &cache) < 0)
         return NULL;
-    if (cache == Py_None) {
-        PyErr_SetString(PyExc_RuntimeError, "the ledger's cache was freed");
-        return NULL;
+#else
+    if (L->cache != NULL) {
+        cache = PyWeakref_GetObject(L->cache); /* borrowed; None once the cache is gone */
+        if (cache == NULL)
+            return NULL;
+        cache = cache == Py_None ? NULL : Py_NewRef(cache);
     }
+#endif
+    if (cache == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "the ledger's cache was freed");
     return cache;
+}
+
+/* The exception being raised, taken (a new reference, its traceback attached), and raised
+   again (the reference is stolen): Python 3.12's calls, or what they do on older ones. */
+static PyObject *
+take_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+static void
+raise_exception(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
 }
 
 /* Call the owner's ``name(*args, error)`` with the raised exception, then raise it again;
@@ -61,17 +97,11 @@ owner(Ledger *L)
 static void
 report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL)
-        PyException_SetTraceback(value, tb);
-    PyObject *cache = owner(L), *r = NULL;
+    PyObject *exc = take_exception(), *cache = owner(L), *r = NULL;
     if (cache != NULL) {
-        Py_INCREF(cache);
         PyObject *meth = PyObject_GetAttrString(cache, name);
         if (meth != NULL) {
-            args[n] = value;
+            args[n] = exc;
             r = PyObject_Vectorcall(meth, args, n + 1, NULL);
             Py_DECREF(meth);
         }
@@ -79,39 +109,24 @@ report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
     }
     if (r != NULL) {
         Py_DECREF(r);
-        PyErr_Restore(type, value, tb);
+        raise_exception(exc);
         return;
     }
-    PyObject *t2, *v2, *tb2;
-    PyErr_Fetch(&t2, &v2, &tb2);
-    PyErr_NormalizeException(&t2, &v2, &tb2);
-    if (v2 != NULL && value != NULL)
-        PyException_SetContext(v2, Py_NewRef(value));
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    PyErr_Restore(t2, v2, tb2);
+    PyObject *second = take_exception();
+    PyException_SetContext(second, exc); /* steals exc */
+    raise_exception(second);
 }
 
 /* The attribute builder or the recorder raised: the owner logs and counts it; the op stands. */
 static int
 recorder_failed(Ledger *L, PyObject *op)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    PyObject *cache = owner(L);
-    if (cache == NULL) {
-        Py_XDECREF(value);
-        return -1;
+    PyObject *exc = take_exception(), *cache = owner(L), *r = NULL;
+    if (cache != NULL) {
+        r = PyObject_CallMethod(cache, "_recorder_failed", "OO", op, exc ? exc : Py_None);
+        Py_DECREF(cache);
     }
-    PyObject *r = PyObject_CallMethod(cache, "_recorder_failed", "OO", op,
-                                      value ? value : Py_None);
-    Py_XDECREF(value);
+    Py_XDECREF(exc);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -155,7 +170,6 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
     PyObject *cache = owner(L);
     if (cache == NULL)
         return -1;
-    Py_INCREF(cache);
     PyObject *attrs = NULL, *argt = NULL, *builder = PyDict_GetItemWithError(L->attrs, op);
     if (builder == NULL && !PyErr_Occurred())
         PyErr_SetObject(PyExc_KeyError, op);

@@ -1,7 +1,8 @@
 """Recording: one op record per public operation and one mutation per state change, handed to
-the recorder the cache was given. The hot path only builds plain tuples and appends them (an op
-record is a tuple in ``OpRecord`` field order; recorders name it when they need to); nothing
-here runs when the recorder is disabled (the default ``NullRecorder``)."""
+the recorder the cache was given. The hot path is the cache's ledger (``ledger.py``, C where
+built): it builds plain tuples and appends them (an op record is a tuple in ``OpRecord`` field
+order; recorders name it when they need to); nothing is recorded when the recorder is disabled
+(the default ``NullRecorder``)."""
 
 from __future__ import annotations
 

@@ -146,8 +146,8 @@ def telemetry_words(info: dict) -> list[str]:
                    "the native ones; see README, Quickstart")
     if (info.get("cache") or {}).get("ledger") == "python":
         out.append("the cache ran on its Python ledger (built without a C compiler, or "
-                   "RADIXSCOPE_NATIVE=0): each operation cost about LEDGER_US us more than on the "
-                   "native one; see README, Quickstart")
+                   "RADIXSCOPE_NATIVE=0): the bookkeeping of each recorded operation cost about "
+                   "twice the native one's (0.5 us against 0.3); see README, Quickstart")
     if (info.get("settings") or {}).get("encoder") == "python":
         out.append("the recorder ran on its Python encoder (built without a C compiler, or "
                    "RADIXSCOPE_NATIVE=0): telemetry cost each op about a third more than on "
