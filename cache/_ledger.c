@@ -92,12 +92,42 @@ raise_exception(PyObject *exc)
 #endif
 }
 
+/* Make exc the exception being handled (what an ``except`` block sees) while the owner's
+   callbacks run; returns what to restore. */
+typedef struct { PyObject *t, *v, *tb; } handled_t;
+static handled_t
+push_handled(PyObject *exc)
+{
+    handled_t h = {NULL, NULL, NULL};
+#if PY_VERSION_HEX >= 0x030B0000
+    h.v = PyErr_GetHandledException();
+    PyErr_SetHandledException(exc);
+#else
+    PyErr_GetExcInfo(&h.t, &h.v, &h.tb);
+    PyErr_SetExcInfo(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
+                     PyException_GetTraceback(exc));
+#endif
+    return h;
+}
+static void
+pop_handled(handled_t h)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    PyErr_SetHandledException(h.v);
+    Py_XDECREF(h.v);
+#else
+    PyErr_SetExcInfo(h.t, h.v, h.tb);
+#endif
+}
+
 /* Call the owner's ``name(*args, error)`` with the raised exception, then raise it again;
    an exception from the call itself replaces it (with the first as its context). */
 static void
 report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
 {
-    PyObject *exc = take_exception(), *cache = owner(L), *r = NULL;
+    PyObject *exc = take_exception(), *r = NULL;
+    handled_t h = push_handled(exc);
+    PyObject *cache = owner(L);
     if (cache != NULL) {
         PyObject *meth = PyObject_GetAttrString(cache, name);
         if (meth != NULL) {
@@ -109,11 +139,14 @@ report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
     }
     if (r != NULL) {
         Py_DECREF(r);
+        pop_handled(h);
         raise_exception(exc);
         return;
     }
+    /* the new error was chained to exc by the interpreter when it was raised */
     PyObject *second = take_exception();
-    PyException_SetContext(second, exc); /* steals exc */
+    pop_handled(h);
+    Py_DECREF(exc);
     raise_exception(second);
 }
 
@@ -121,12 +154,23 @@ report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
 static int
 recorder_failed(Ledger *L, PyObject *op)
 {
-    PyObject *exc = take_exception(), *cache = owner(L), *r = NULL;
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1; /* KeyboardInterrupt, SystemExit...: PyLedger's except Exception lets them by */
+    PyObject *exc = take_exception(), *r = NULL;
+    handled_t h = push_handled(exc);
+    PyObject *cache = owner(L);
     if (cache != NULL) {
-        r = PyObject_CallMethod(cache, "_recorder_failed", "OO", op, exc ? exc : Py_None);
+        r = PyObject_CallMethod(cache, "_recorder_failed", "OO", op, exc);
         Py_DECREF(cache);
     }
-    Py_XDECREF(exc);
+    if (r == NULL) {
+        PyObject *second = take_exception();
+        pop_handled(h);
+        raise_exception(second);
+    }
+    else
+        pop_handled(h);
+    Py_DECREF(exc);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -144,8 +188,11 @@ context(Ledger *L)
             PyErr_SetObject(PyExc_LookupError, L->ctx_var);
         return v;
     }
-    if (L->ctx_fn != NULL)
-        return PyObject_CallNoArgs(L->ctx_fn);
+    if (L->ctx_fn != NULL) {
+        PyObject *fn = Py_NewRef(L->ctx_fn), *v = PyObject_CallNoArgs(fn);
+        Py_DECREF(fn);
+        return v;
+    }
     return Py_NewRef(Py_None);
 }
 
@@ -170,9 +217,9 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
     PyObject *cache = owner(L);
     if (cache == NULL)
         return -1;
-    PyObject *attrs = NULL, *argt = NULL, *builder = PyDict_GetItemWithError(L->attrs, op);
-    if (builder == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_KeyError, op);
+    PyObject *attrs = NULL, *argt = NULL, *table = Py_NewRef(L->attrs);
+    PyObject *builder = PyObject_GetItem(table, op); /* self._attrs[op]: __missing__, KeyError(op) */
+    Py_DECREF(table);
     if (builder != NULL && (argt = PyTuple_New(n)) != NULL) {
         for (Py_ssize_t i = 0; i < n; i++)
             PyTuple_SET_ITEM(argt, i, Py_NewRef(args[i]));
@@ -180,18 +227,24 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
         attrs = PyObject_Vectorcall(builder, bargs, 3, NULL);
         Py_DECREF(argt);
     }
+    Py_XDECREF(builder);
     int rc = 0;
     if (attrs == NULL && (recorder_failed(L, op) < 0 || (attrs = PyDict_New()) == NULL))
         rc = -1;
-    PyObject *rec = rc < 0 ? NULL : PyTuple_New(10);
+    PyObject *rec = rc < 0 ? NULL : PyTuple_New(10), *last = NULL;
+    if (rec != NULL && (last = PyLong_FromLongLong(L->seq)) == NULL)  /* self.seq, after attrs */
+        Py_CLEAR(rec);
     if (rec != NULL) {
+        Py_SETREF(rec_head[7], last);
         for (int i = 0; i < 8; i++)
             PyTuple_SET_ITEM(rec, i, Py_NewRef(rec_head[i]));
         PyTuple_SET_ITEM(rec, 8, attrs);
         attrs = NULL;
         PyTuple_SET_ITEM(rec, 9, Py_NewRef(Py_None));
         PyObject *rargs[2] = {rec, muts};
-        PyObject *r = PyObject_Vectorcall(L->record, rargs, 2, NULL);
+        PyObject *record = Py_NewRef(L->record);
+        PyObject *r = PyObject_Vectorcall(record, rargs, 2, NULL);
+        Py_DECREF(record);
         Py_DECREF(rec);
         if (r != NULL)
             Py_DECREF(r);
@@ -222,9 +275,12 @@ ledger_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long op_id = ++L->op_id;
     L->cur_op = op_id;
     PyObject *ctx = context(L);
-    if (ctx == NULL) {
-        L->depth = 0;
-        return NULL;
+    if (ctx == NULL) { /* the getter failed: the recorder's failure, not the op's */
+        if (recorder_failed(L, op) < 0) {
+            L->depth = 0;
+            return NULL;
+        }
+        ctx = Py_NewRef(Py_None);
     }
     long long seq_first = L->seq + 1, start = now_ns();
     PyObject *out = PyObject_Vectorcall(fn, fargs, n, NULL);

@@ -4,9 +4,12 @@ both implementations, and a cache on each records the same op sequences identica
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import gc
 import random
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -266,3 +269,139 @@ def test_the_cache_runs_the_same_on_the_python_ledger() -> None:
         missing("native", "the native ledger was not built")
     pass_without_native(["tests/cache/test_ledger.py", "tests/cache/test_op_attrs.py",
                          "tests/telemetry/test_postmortem_bundle.py"])
+
+
+# ---- what a review of _ledger.c found (each fails on the first version) ----------------------
+
+def test_the_record_closes_with_the_seq_reached_after_the_attributes(impl) -> None:
+    led, _, records = make(impl, attrs={"op": lambda cache, out, args: led.m("k", 1, None, None,
+                                                                              None) or ()})
+    led.run("op", None, lambda: led.m("k", 1, None, None, None))
+    assert records[0][0][6:8] == (1, 2)
+
+
+@pytest.mark.parametrize("where", ["attrs", "record", "context"])
+def test_an_interrupt_in_telemetry_propagates_and_leaves_the_ledger_idle(impl, where) -> None:
+    def interrupt(*_args):
+        raise KeyboardInterrupt
+
+    attrs = {"op": interrupt if where == "attrs" else (lambda cache, out, args: ())}
+    led, owner, _ = make(impl, attrs=attrs, record=interrupt if where == "record" else None,
+                         context=interrupt if where == "context" else None)
+    with pytest.raises(KeyboardInterrupt):
+        led.run("op", None, lambda: 1)
+    assert owner.calls == [] and led.depth == 0
+
+
+def test_a_failing_context_getter_is_the_recorders_failure_not_the_ops(impl) -> None:
+    def broken():
+        raise LookupError("no context")
+
+    led, owner, records = make(impl, context=broken)
+    assert led.run("op", "r", lambda: 8) == 8
+    assert records[0][0][5] is None and led.depth == 0
+    (name, op, error), = owner.calls
+    assert (name, op, type(error)) == ("_recorder_failed", "op", LookupError)
+
+
+def test_callbacks_run_with_the_error_being_handled(impl) -> None:
+    """Inside the callbacks (and the error hook and log calls they make) ``sys.exc_info()`` is
+    the error, and an error they raise chains to it as an ``except`` block would."""
+    seen = []
+
+    class Chaining(Owner):
+        def _op_failed(self, *args) -> None:
+            seen.append(sys.exc_info()[1])
+            try:
+                raise OSError("hook")
+            except OSError:
+                raise KeyError("callback")  # noqa: B904 (the chain is what is checked)
+
+        def _recorder_failed(self, op, error) -> None:
+            seen.append(sys.exc_info()[1])
+
+    owner = Chaining()
+    led = impl(owner, lambda op, muts: None, None,
+               {"op": lambda cache, out, args: 1 / 0}, True)
+    led.run("op", None, lambda: 1)
+    assert isinstance(seen[-1], ZeroDivisionError)
+    err = ValueError("op")
+
+    def boom():
+        raise err
+
+    with pytest.raises(KeyError) as got:
+        led.run("op", None, boom)
+    assert seen[-1] is err
+    assert type(got.value.__context__) is OSError and got.value.__context__.__context__ is err
+    assert err.__context__ is None and sys.exc_info() == (None, None, None)
+
+
+def test_the_attribute_table_is_read_as_python_reads_it(impl) -> None:
+    table = collections.defaultdict(lambda: lambda cache, out, args: ("default",))
+    led, owner, records = make(impl, attrs=table)
+    led.run("any op", None, lambda: 1)
+    led2, owner2, _ = make(impl, attrs={})
+    led2.run(("a", "b"), None, lambda: 1)
+    assert records[0][0][8] == ("default",) and owner.calls == []
+    assert owner2.calls[0][2].args == (("a", "b"),)
+
+
+CRASHES = {  # a callable that drops its own last reference while the ledger runs it
+    "builder": """
+attrs = {}
+def f(cache, out, args):
+    attrs.clear()
+    junk = [bytearray(200) for _ in range(2000)]
+    return ()
+for i in range(3):
+    attrs["op"] = functools.lru_cache(maxsize=None)(f)
+    led = Ledger(owner, lambda r, m: None, None, attrs, True)
+    assert led.run("op", None, lambda: i) == i
+""",
+    "context": """
+def getctx():
+    led.__init__(owner, lambda r, m: None, None, {"op": lambda c, o, a: ()}, True)
+    junk = [bytearray(200) for _ in range(2000)]
+    return "ctx"
+led = Ledger(owner, lambda r, m: None, functools.lru_cache(maxsize=None)(getctx),
+             {"op": lambda c, o, a: ()}, True)
+assert led.run("op", None, lambda: 1) == 1
+""",
+    "record": """
+n = [0]
+class Req:
+    def __format__(self, spec):
+        n[0] += 1
+        if n[0] == 1:
+            led.__init__(owner, lambda r, m: None, None, {"op": lambda c, o, a: ()}, True)
+            junk = ["".join(["y", "y" * 305]) for _ in range(50)]
+        return "req"
+tmpl = "".join(["{0[4]}", "{0[4]}" * 50])
+led = Ledger(owner, tmpl.format, None, {"op": lambda c, o, a: ()}, True)
+del tmpl
+assert led.run("op", Req(), lambda: 1) == 1 and n[0] == 51, n
+""",
+    "table": """
+class Op:
+    def __hash__(self):
+        return hash("op")
+    def __eq__(self, other):
+        led.__init__(owner, lambda r, m: None, None, {}, True)
+        junk = [{i: i for i in range(20)} for _ in range(200)]
+        return True
+led = Ledger(owner, lambda r, m: None, None, {"op": lambda c, o, a: ()}, True)
+assert led.run(Op(), None, lambda: 1) == 1
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRASHES))
+def test_a_callable_freed_while_it_runs_does_not_crash_the_native_ledger(case) -> None:
+    if C is None:
+        missing("native", "the native ledger was not built")
+    prelude = ("import functools\nfrom radixscope.cache.ledger import _built\nLedger = "
+               "_built.Ledger\nclass O:\n    def _recorder_failed(self, *a): pass\nowner = O()\n")
+    out = subprocess.run([sys.executable, "-c", prelude + CRASHES[case] + "print('ok')"],
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
