@@ -1,0 +1,103 @@
+"""What the cache's ledger costs a request, native against Python, on one cache (issue 17).
+
+One cache on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests, page
+size 1) with a ``TelemetryRecorder`` that has no drain thread behind it (its buffer dropped
+between batches). Batches alternate three ways on that same cache, so its heap, tree and pools
+are the same for all three (separate caches differ by their layout in memory by a few us):
+
+- ``off``: recording off (the ledger's plain path);
+- ``on``: recording on, on the native ledger (``cache/_ledger.c``);
+- ``on, py ledger``: recording on, on ``cache.ledger.PyLedger`` (the same counters carried over).
+
+Printed: per-op medians (CPU time of the calling thread, us), the request (match + insert + lock
++ unlock), ops/s as ``bench_scale.py`` counts it (match, insert and evict, best batch) and its
+ratio to ``off``'s: the cache's side of telemetry plus the recorder's encode, without the
+pipeline.
+
+    python bench/bench_ledger.py --scale 1k
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from bench_scale import SCALES, Chat, make_cache, one_request, workload_args  # noqa: E402
+
+from radixscope.cache import ledger, recording  # noqa: E402
+from radixscope.cache.op_attrs import OP_ATTRS  # noqa: E402
+from radixscope.telemetry.record.drops import Health  # noqa: E402
+from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
+
+OPS = ("match", "insert", "evict", "lock", "unlock", "alloc", "request")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_args(ap, requests=500)
+    args = ap.parse_args()
+    if ledger.LEDGER != "native":
+        sys.exit("the native ledger is not built (`pip install -e .`): nothing to compare")
+    torch.set_num_threads(1)
+    nodes, comps = SCALES[args.scale], tuple(args.components.split(","))
+    rec = TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62)
+    c = make_cache(nodes, comps, rec)
+    chat = Chat(active=max(16, nodes // 12))
+
+    def drop() -> None:
+        rec.seal()
+        rec.take(1 << 62)
+
+    i = 0
+    while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50 \
+            or i < 3 * nodes:
+        one_request(c, chat.next(), None, f"w{i}")
+        i += 1
+        if i % 500 == 0:
+            drop()
+    native = c._ledger
+    python = ledger.PyLedger(c, rec.record, recording._CONTEXT, OP_ATTRS, True)
+
+    def use(led, on: bool) -> None:
+        led.seq, led.op_id, led.cur_op = c.seq, c._ledger.op_id, c._ledger.cur_op
+        c._ledger, c._run, c._m = led, led.run, led.m
+        c._on = led.on = on
+
+    runs = (("off", native, False), ("on", native, True), ("on, py ledger", python, True))
+    times: dict[str, dict[str, list[int]]] = {k: {op: [] for op in OPS} for k, _, _ in runs}
+    ops_s: dict[str, list[float]] = {k: [] for k, _, _ in runs}
+    for _ in range(args.reps):
+        for label, led, on in runs:
+            use(led, on)
+            t: dict[str, list] = {k: [] for k in (*OPS, "hit", "victims", "depth", "aside")}
+            keys = [chat.next() for _ in range(args.requests)]
+            for k, key in enumerate(keys):
+                one_request(c, key, t, f"r{k}")
+            drop()
+            for op in OPS:
+                times[label][op] += t.get(op, [])
+            timed = sum(sum(t[op]) for op in ("match", "insert", "evict")) / 1e9
+            ops_s[label].append((2 * args.requests + len(t["evict"])) / timed)
+    use(native, True)
+    c.check()
+    print(f"scale {args.scale}: components {'+'.join(comps)}, one cache, {args.reps} x 3 "
+          f"alternating batches of {args.requests} requests; medians of the calling thread's "
+          "CPU time, us")
+    print(f"  {'':>14}" + "".join(f"{op:>9}" for op in OPS) + "    ops/s  of off's")
+    base = max(ops_s["off"])
+    for label, _, _ in runs:
+        med = [statistics.median(times[label][op]) / 1e3 if times[label][op] else float("nan")
+               for op in OPS]
+        best = max(ops_s[label])
+        print(f"  {label:>14}" + "".join(f"{v:9.2f}" for v in med)
+              + f"  {best:7.0f}  {best / base:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
