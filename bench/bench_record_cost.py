@@ -1,11 +1,11 @@
 """Where full telemetry's cost on the hot path goes (issue 17), in one process.
 
-Four or five caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
+Four to seven caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
 page size 1), interleaved batch by batch, each a step further along the record path:
 
 - ``baseline``: no recorder;
 - ``cache side``: a recorder that takes each op and drops it: what the cache itself does to
-  record (``_run``'s ids, clock and caller context, the attribute tuple, one tuple per state
+  record (the ledger's ids, clock and caller context, the attribute tuple, one tuple per state
   change);
 - ``recorder``: a ``TelemetryRecorder`` with no drain thread behind it (its buffer dropped
   between batches): the recorder's call on top (the caller's span ids, the record encoded into
