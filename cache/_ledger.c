@@ -150,7 +150,8 @@ report_and_reraise(Ledger *L, const char *name, PyObject **args, Py_ssize_t n)
     raise_exception(second);
 }
 
-/* The attribute builder or the recorder raised: the owner logs and counts it; the op stands. */
+/* The context getter, the attribute builder or the recorder raised: the owner logs and counts
+   an Exception and the op stands; anything else (KeyboardInterrupt) propagates. */
 static int
 recorder_failed(Ledger *L, PyObject *op)
 {
