@@ -20,15 +20,15 @@ pipeline.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from bench_scale import SCALES, Chat, make_cache, one_request, workload_args  # noqa: E402
+from bench_scale import SCALES, Run, workload_args  # noqa: E402
 
 from radixscope.cache import ledger, recording  # noqa: E402
 from radixscope.cache.op_attrs import OP_ATTRS  # noqa: E402
@@ -47,20 +47,9 @@ def main() -> None:
     torch.set_num_threads(1)
     nodes, comps = SCALES[args.scale], tuple(args.components.split(","))
     rec = TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62)
-    c = make_cache(nodes, comps, rec)
-    chat = Chat(active=max(16, nodes // 12))
-
-    def drop() -> None:
-        rec.seal()
-        rec.take(1 << 62)
-
-    i = 0
-    while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50 \
-            or i < 3 * nodes:
-        one_request(c, chat.next(), None, f"w{i}")
-        i += 1
-        if i % 500 == 0:
-            drop()
+    with tempfile.TemporaryDirectory(prefix="bench_ledger_") as d:
+        run = Run("ledger", nodes, comps, False, d, False, rec)  # filled, buffer dropped
+    c = run.c
     native = c._ledger
     python = ledger.PyLedger(c, rec.record, recording._CONTEXT, OP_ATTRS, True)
 
@@ -70,33 +59,23 @@ def main() -> None:
         c._on = led.on = on
 
     runs = (("off", native, False), ("on", native, True), ("on, py ledger", python, True))
-    times: dict[str, dict[str, list[int]]] = {k: {op: [] for op in OPS} for k, _, _ in runs}
-    ops_s: dict[str, list[float]] = {k: [] for k, _, _ in runs}
+    batches: dict[str, list[dict]] = {label: [] for label, _, _ in runs}
     for _ in range(args.reps):
         for label, led, on in runs:
             use(led, on)
-            t: dict[str, list] = {k: [] for k in (*OPS, "hit", "victims", "depth", "aside")}
-            keys = [chat.next() for _ in range(args.requests)]
-            for k, key in enumerate(keys):
-                one_request(c, key, t, f"r{k}")
-            drop()
-            for op in OPS:
-                times[label][op] += t.get(op, [])
-            timed = sum(sum(t[op]) for op in ("match", "insert", "evict")) / 1e9
-            ops_s[label].append((2 * args.requests + len(t["evict"])) / timed)
+            run.batch(args.requests)  # its buffer dropped after, outside the timing
+            batches[label].append(run.batches[-1])
     use(native, True)
     c.check()
+    sums = {label: run.summary(b) for label, b in batches.items()}
     print(f"scale {args.scale}: components {'+'.join(comps)}, one cache, {args.reps} x 3 "
           f"alternating batches of {args.requests} requests; medians of the calling thread's "
           "CPU time, us")
     print(f"  {'':>14}" + "".join(f"{op:>9}" for op in OPS) + "    ops/s  of off's")
-    base = max(ops_s["off"])
-    for label, _, _ in runs:
-        med = [statistics.median(times[label][op]) / 1e3 if times[label][op] else float("nan")
-               for op in OPS]
-        best = max(ops_s[label])
+    for label, s in sums.items():
+        med = [s[op][0] if op in s else float("nan") for op in OPS]
         print(f"  {label:>14}" + "".join(f"{v:9.2f}" for v in med)
-              + f"  {best:7.0f}  {best / base:8.3f}")
+              + f"  {s['ops_s']:7.0f}  {s['ops_s'] / sums['off']['ops_s']:8.3f}")
 
 
 if __name__ == "__main__":

@@ -266,22 +266,24 @@ class Run:
         self.store_bytes = self.store_size()
         return took
 
-    def summary(self) -> dict:
-        """Pooled over batches: medians / p99 per op; req/s from the best batch (least noise)."""
+    def summary(self, batches: list[dict] | None = None) -> dict:
+        """Pooled over ``batches`` (default: all of this run's): medians / p99 per op; req/s
+        from the best batch (least noise)."""
+        batches = self.batches if batches is None else batches
         out: dict = {}
-        for op in (*ops_in(self.batches), "request"):
-            v = sorted(x for b in self.batches for x in b.get(op, ()))
+        for op in (*ops_in(batches), "request"):
+            v = sorted(x for b in batches for x in b.get(op, ()))
             if v:
                 out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
-        best = min(self.batches, key=lambda b: b["cpu"] / b["n"])
+        best = min(batches, key=lambda b: b["cpu"] / b["n"])
         out["req_s"] = best["n"] / best["cpu"]
         evicts = [op for op in best if op.startswith("evict")]
         timed = sum(sum(best[op]) for op in ("match", "insert", *evicts)) / 1e9
         out["ops_s"] = (2 * best["n"] + sum(len(best[op]) for op in evicts)) / timed
-        out["hit"] = statistics.mean(x for b in self.batches for x in b["hit"])
+        out["hit"] = statistics.mean(x for b in batches for x in b["hit"])
         # FULL evict calls by the nodes they removed (evicted + tombstone ancestors deleted):
         # the call's cost follows them, so its tail is the workload's spread of victims
-        calls = [(v, ns) for b in self.batches
+        calls = [(v, ns) for b in batches
                  for v, ns in zip(b.get("victims", ()), b.get("evict", ()), strict=True)]
         if calls:
             vs = sorted(v for v, _ in calls)
@@ -289,7 +291,7 @@ class Run:
             out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
             out["per_victim"] = ((statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
                                  if per else (0.0, 0.0))
-        out["by_depth"] = by_depth([(d, ns) for b in self.batches
+        out["by_depth"] = by_depth([(d, ns) for b in batches
                                      for d, ns in zip(b["depth"], b["match"], strict=True)])
         out["nodes"] = len(self.c.tree.nodes) - 1
         return out

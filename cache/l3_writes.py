@@ -244,7 +244,7 @@ class StorageWrites(CacheCore):
         rid = self.acquire(chain[-1], HOST, pins, f"{STORE_OWNER}{tid}")
         job = StoreJob(tid, tuple(parts))
         t = Transfer(tid, "store", chain[-1].id, tuple(n.id for n in chain), tuple(copies),
-                     self._cur_op, (rid,), time.time_ns(),
+                     self.current_op_id, (rid,), time.time_ns(),
                      {"start": self.tree.prefix_len(top.parent), "hashes": hashes, "job": job})
         self.store_transfers[tid] = t
         self.transfer_nodes[tid] = [n.id for n in chain]

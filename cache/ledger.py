@@ -126,7 +126,8 @@ class PyLedger:
 
 
 def check_args(record: object, context: object, attrs: object) -> None:
-    """The ledger's arguments, checked before anything is kept (both implementations)."""
+    """``PyLedger``'s arguments, checked before anything is kept (``ledger_init`` in
+    ``_ledger.c`` makes the same checks, with the same messages)."""
     if not callable(record):
         raise TypeError(f"record must be callable, got {record!r}")
     if context is not None and not (isinstance(context, contextvars.ContextVar)

@@ -77,10 +77,6 @@ class Recording:
     def _op_id(self) -> int:
         return self._ledger.op_id
 
-    @property
-    def _cur_op(self) -> int:
-        return self._ledger.cur_op
-
     def _op_failed(self, op_id: int, op: str, start: int, end: int, req_id, ctx, seq_first: int,
                    error: BaseException) -> None:
         """A recorded op raised (the ledger calls this before the error propagates): its record,

@@ -111,7 +111,7 @@ class Transfers(CacheCore):
         copies = [self._place_copy(ci, host_pins[ci], DEVICE, HOST, dst)
                   for ci, dst in host.items()]
         t = Transfer(tid, "backup", node.id, tuple(n.id for n in nodes), tuple(copies),
-                     self._cur_op, (r1, r2), time.time_ns())
+                     self.current_op_id, (r1, r2), time.time_ns())
         self._register_transfer(t)
         return tid
 
@@ -197,8 +197,8 @@ class Transfers(CacheCore):
         dev_pins, _ = self.lock_pins(anchor)
         r1 = self.acquire(anchor, DEVICE, dev_pins, owner)
         loaded_nodes = sorted({n.id for ns in plans.values() for n in ns})
-        t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies), self._cur_op,
-                     (r1, r2), time.time_ns())
+        t = Transfer(tid, "load_back", anchor.id, tuple(loaded_nodes), tuple(copies),
+                     self.current_op_id, (r1, r2), time.time_ns())
         self._register_transfer(t)
         if cow_slot is not None:
             self.cow_pending[int(cow_slot[0])] = tid

@@ -192,11 +192,13 @@ def test_bad_arguments_are_refused_with_the_value(impl, args, needle) -> None:
         impl(Owner(), *args, True)
 
 
-def test_a_ledger_holds_its_cache_weakly(impl) -> None:
+def test_a_ledger_holds_its_cache_weakly(impl, monkeypatch) -> None:
     """No cycle keeps a cache (its buffers) alive: it goes with its last reference."""
+    monkeypatch.setattr(recording, "Ledger", impl)
     gc.disable()
     try:
         c = HiRadixCache(make_config(), recorder=FlightRecorder())
+        assert type(c._ledger) is impl
         ref, led = weakref.ref(c), c._ledger
         del c
         assert ref() is None
