@@ -26,10 +26,14 @@ from radixscope.cache.memory import check_fits
 from radixscope.cache.pins import LockEntry, Pins
 from radixscope.cache.pools import KVPool, StatePool, _np
 from radixscope.cache.recording import Recording
-from radixscope.cache.tiers import DEVICE, HOST, STORAGE, TIER_LABELS, TIERS, per_tier
+from radixscope.cache.tiers import DEVICE, HOST, N_TIERS, STORAGE, TIER_LABELS, TIERS, per_tier
 from radixscope.cache.tree import Node, RadixTree
 
 log = logging.getLogger("radixscope.cache")
+
+
+_TIER_INTS = tuple(range(N_TIERS))
+assert N_TIERS == 3, "delete's freed dicts are one per tier"
 
 
 def _stored_numel(value) -> int:
@@ -233,17 +237,17 @@ class CacheCore(Pins, LeafSets, Recording):
         ``(ci, tier) -> [values]``), the frees on ``defer_tier`` (the tier being evicted) are
         left to ``free_deferred``: one per pool for all the victims of an eviction call. Only
         that tier's: a write-back during the same call may need the other tier's slots."""
-        freed: tuple[dict[int, int], ...] = tuple({} for _ in TIERS)
+        freed: tuple[dict[int, int], ...] = ({}, {}, {})  # one per tier (DEVICE, HOST, STORAGE)
         on = self._on
         pools = self.pools
         for ci, d in enumerate(node.data):
             vals = d.values
-            for tier in TIERS:
+            for tier in _TIER_INTS:  # plain ints: a list indexed by an IntEnum takes a slow path
                 v = vals[tier]
                 if v is None:
                     continue
-                size = self._sizes[ci] if tier != STORAGE else _stored_numel
-                (self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci])[tier] -= size(v)
+                n = self._sizes[ci](v) if tier != STORAGE else _stored_numel(v)
+                (self.protected[ci] if d.refs[tier] > 0 else self.evictable[ci])[tier] -= n
                 vals[tier] = None
                 if ci == 0 and tier == DEVICE:
                     node.parent.device_children -= 1
@@ -254,7 +258,7 @@ class CacheCore(Pins, LeafSets, Recording):
                     continue
                 if defer is not None and tier == defer_tier:
                     defer.setdefault((ci, tier), []).append(v)
-                    freed[tier][ci] = size(v)
+                    freed[tier][ci] = n
                     continue
                 alloc = pool.alloc
                 freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)

@@ -16,6 +16,7 @@ import torch
 
 from radixscope.cache import HiRadixCache
 from radixscope.cache.errors import InvariantViolation
+from radixscope.cache.leaves import entry_id, heap_entry
 from radixscope.cache.tiers import DEVICE, HOST
 from tests.kits.cachekit import make_config
 
@@ -110,14 +111,14 @@ def test_check_reports_a_leaf_the_heap_lost_and_a_second_entry() -> None:
     c.check()
     heap = c._heaps[DEVICE]
     leaf = next(iter(c.leaves[DEVICE]))
-    kept = [e for e in heap if e[1] != leaf]
+    kept = [e for e in heap if entry_id(e) != leaf]
     heap[:] = kept
     heapq.heapify(heap)
     with pytest.raises(InvariantViolation, match="no heap entry"):
         c.check()
-    heapq.heappush(heap, (c.tree.nodes[leaf].last_access, leaf))
+    heapq.heappush(heap, heap_entry(c.tree.nodes[leaf].last_access, leaf))
     c.check()
-    heapq.heappush(heap, (0, leaf))
+    heapq.heappush(heap, heap_entry(0, leaf))
     with pytest.raises(InvariantViolation, match="2 heap entries"):
         c.check()
 
