@@ -9,12 +9,20 @@ are the same for all three (separate caches differ by their layout in memory by 
 - ``on``: recording on, on the native ledger (``cache/_ledger.c``);
 - ``on, py ledger``: recording on, on ``cache.ledger.PyLedger`` (the same counters carried over).
 
+With ``--steps``, two more on the same cache split ``on`` into its parts:
+
+- ``on, dropped``: recording on, into a recorder that drops every record (the cache's side
+  alone: the ledger, the attribute builders, the state changes; no encode);
+- ``on, dropped, no attrs``: the same with every attribute builder returning ``()``: what is
+  left of telemetry's cost with no attributes at all.
+
 Printed: per-op medians (CPU time of the calling thread, us), the request (match + insert + lock
 + unlock), ops/s as ``bench_scale.py`` counts it (match, insert and evict, best batch) and its
 ratio to ``off``'s: the cache's side of telemetry plus the recorder's encode, without the
 pipeline.
 
     python bench/bench_ledger.py --scale 1k
+    python bench/bench_ledger.py --scale 1k --steps --requests 400 --reps 12
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from bench_record_cost import DiscardRecorder  # noqa: E402
 from bench_scale import SCALES, Run, workload_args  # noqa: E402
 
 from radixscope.cache import ledger, recording  # noqa: E402
@@ -38,9 +47,15 @@ from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
 OPS = ("match", "insert", "evict", "lock", "unlock", "alloc", "request")
 
 
+def _no_attrs(cache, out, args) -> tuple:
+    return ()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     workload_args(ap, requests=500)
+    ap.add_argument("--steps", action="store_true",
+                    help="also the cache's side alone, with and without attribute builders")
     args = ap.parse_args()
     if ledger.LEDGER != "native":
         sys.exit("the native ledger is not built (`pip install -e .`): nothing to compare")
@@ -58,7 +73,12 @@ def main() -> None:
         c._ledger, c._run, c._m = led, led.run, led.m
         c._on = led.on = on
 
-    runs = (("off", native, False), ("on", native, True), ("on, py ledger", python, True))
+    runs = [("off", native, False), ("on", native, True), ("on, py ledger", python, True)]
+    if args.steps:
+        ctx, drop = recording._CONTEXT, DiscardRecorder().record
+        runs += [("on, dropped", ledger.Ledger(c, drop, ctx, OP_ATTRS, True), True),
+                 ("on, dropped, no attrs",
+                  ledger.Ledger(c, drop, ctx, dict.fromkeys(OP_ATTRS, _no_attrs), True), True)]
     batches: dict[str, list[dict]] = {label: [] for label, _, _ in runs}
     for _ in range(args.reps):
         for label, led, on in runs:
@@ -68,13 +88,13 @@ def main() -> None:
     use(native, True)
     c.check()
     sums = {label: run.summary(b) for label, b in batches.items()}
-    print(f"scale {args.scale}: components {'+'.join(comps)}, one cache, {args.reps} x 3 "
+    print(f"scale {args.scale}: components {'+'.join(comps)}, one cache, {args.reps} x {len(runs)} "
           f"alternating batches of {args.requests} requests; medians of the calling thread's "
           "CPU time, us")
-    print(f"  {'':>14}" + "".join(f"{op:>9}" for op in OPS) + "    ops/s  of off's")
+    print(f"  {'':>22}" + "".join(f"{op:>9}" for op in OPS) + "    ops/s  of off's")
     for label, s in sums.items():
         med = [s[op][0] if op in s else float("nan") for op in OPS]
-        print(f"  {label:>14}" + "".join(f"{v:9.2f}" for v in med)
+        print(f"  {label:>22}" + "".join(f"{v:9.2f}" for v in med)
               + f"  {s['ops_s']:7.0f}  {s['ops_s'] / sums['off']['ops_s']:8.3f}")
 
 

@@ -140,3 +140,31 @@ def test_a_leaf_eviction_skips_stays_findable() -> None:
     c.release(c.locks[entry])
     assert c.evict(32).evicted_nodes == (leaf.id,)
     c.check()
+
+
+def test_a_compacted_heap_still_gives_lru_victims() -> None:
+    """Entries of nodes that left the set pile up (here: 1,100 leaves all locked at once) until
+    ``_compact_heaps`` rebuilds the heap from the set; the leaves filed again on unlock must
+    still come out in exact LRU order, and ``check()`` must hold throughout."""
+    c = HiRadixCache(make_config(device_tokens=4 * 1200, host_tokens=0))
+    keys = [[k // 64 + 1, k % 64 + 1, 7, 7] for k in range(1100)]
+    for i, k in enumerate(keys):
+        _request(c, k, f"a{i}")
+    heap = c._heaps[DEVICE]
+    assert len(c.leaves[DEVICE]) == len(heap) == 1100
+    receipts = [c.lock(c.match_prefix(k).last_device_node, owner=f"l{i}")
+                for i, k in enumerate(keys)]
+    assert not c.leaves[DEVICE] and len(heap) == 1100  # stale entries, not yet dropped
+    _request(c, [999, 1, 2, 3], "late")  # its leaf's entry tips the heap over the bound
+    assert len(heap) == len(c.leaves[DEVICE]) == 1
+    c.check()
+    rng = random.Random(5)
+    for i in rng.sample(range(len(receipts)), len(receipts)):  # unlocked in random order
+        c.unlock(receipts[i])
+    for k in rng.sample(keys, 300):  # and some touched again
+        c.match_prefix(k)
+    c.check()
+    while c.leaves[DEVICE]:
+        want = _lru_by_scan(c, DEVICE)
+        assert c.evict(1).evicted_nodes[0] == want[1]
+    c.check()
