@@ -145,7 +145,7 @@ class Eviction(CacheCore):
                     acc.freed[comp.index] += self.free_slots(comp.index, DEVICE, v)
             acc.demoted.append(node.id)
             return True
-        # (a plain loop: ``any`` over a generator cost a microsecond a victim)
+        # a plain loop: cheaper than ``any`` over a generator, on every victim
         subtree = _post_order(node) if node.children else (node,)
         for n in subtree:
             if pinned(n):  # a host pin (an L3 prefetch's path), or a pinned host-only child

@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING
 
 from radixscope.cache.tiers import DEVICE, HOST, TIERS
 
+if TYPE_CHECKING:
+    from radixscope.cache.tree import Node, RadixTree
+
 _SHIFT = 64
 _ID = (1 << _SHIFT) - 1
 
@@ -32,9 +35,6 @@ def heap_entry(tick: int, node_id: int) -> int:
 
 def entry_id(entry: int) -> int:
     return entry & _ID
-
-if TYPE_CHECKING:
-    from radixscope.cache.tree import Node, RadixTree
 
 
 def pinned(node: Node) -> bool:
