@@ -76,9 +76,14 @@ class Matching(CacheCore):
             f_dev = fv[DEVICE] is not None
             f_any = f_dev or fv[HOST] is not None  # resident, or loadable back from host
             d_ok, a_ok = f_dev, f_any
-            if aux:
-                d_ok = all([v(child) for v in dev_v]) and d_ok
-                a_ok = all([v(child) for v in any_v]) and a_ok
+            # every validator sees the node (no short cut: they are stateful); plain loops, as
+            # a list comprehension is a call of its own on every node of the path
+            for v in dev_v:
+                if not v(child):
+                    d_ok = False
+            for v in any_v:
+                if not v(child):
+                    a_ok = False
             if d_ok:
                 last_dev = len(path) - 1
                 dev_len = off
