@@ -3,7 +3,8 @@
 One cache on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests, page
 size 1) with a ``TelemetryRecorder`` that has no drain thread behind it (its buffer dropped
 between batches). Batches alternate three ways (five with ``--steps``) on that same cache, so
-its heap, tree and pools are the same for all of them (separate caches differ by their layout in memory by a few us):
+its heap, tree and pools are the same for all of them (separate caches differ by their layout
+in memory by a few us):
 
 - ``off``: recording off (the ledger's plain path);
 - ``on``: recording on, on the native ledger (``cache/_ledger.c``);
