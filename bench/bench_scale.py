@@ -15,9 +15,10 @@ calls per second of their own time, as issue 17's table); process memory per res
 beyond the KV buffers (RSS delta of building and filling the baseline cache, minus the KV
 buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
 ``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict
-calls by the nodes they removed and the cost per node removed; match calls by the depth of the
-device path they walked (a line through each depth's median, and the worst p99/median within
-one depth: the tail that is not the workload's spread of path lengths); last, issue 17's
+calls by the tokens they were asked for and the nodes they removed (tombstone ancestors among
+them), and the cost per node removed; match calls by the depth of the device path they walked
+(a line through each depth's median, and the worst p99/median within one depth: the tail that
+is not the workload's spread of path lengths); last, issue 17's
 targets that one run can judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits
 telemetry's cost into its steps.
 
@@ -46,7 +47,7 @@ import torch  # noqa: E402
 from radixscope.cache import CacheConfig, HiRadixCache, TokenKey, native  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_stats import OPS, by_depth, ops_in, print_targets  # noqa: E402
+from scale_stats import NOT_OPS, OPS, by_depth, ops_in, print_targets  # noqa: E402
 
 SCALES = {"1k": 1_000, "100k": 100_000}
 SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
@@ -117,7 +118,10 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
         calls += 1
         if timed is not None:
             timed.append(("evict", e1 - e0))
-            t.setdefault("victims", []).append(len(set(out.evicted_nodes) | set(out.deleted)))
+            popped = set(out.evicted_nodes)
+            t["victims"].append(len(popped | set(out.deleted)))
+            t["asked"].append(short)
+            t["ancestors"].append(len(set(out.deleted) - popped))  # the tombstone cascade's
     aux = []
     if "swa" in comps:
         aux.append(("swa", n))
@@ -245,7 +249,7 @@ class Run:
     def batch(self, requests: int) -> None:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
-        t = {k: [] for k in (*OPS, "request", "hit", "victims", "depth", "aside")}
+        t = {k: [] for k in (*OPS, *NOT_OPS)}
         ops = 0
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
@@ -289,6 +293,9 @@ class Run:
             vs = sorted(v for v, _ in calls)
             per = sorted(ns / v for v, ns in calls if v)  # (a call that removed none: skipped)
             out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
+            for key in ("asked", "ancestors"):  # tokens asked for; tombstone ancestors deleted
+                v = sorted(x for b in batches for x in b[key])
+                out[key] = (statistics.median(v), v[int(len(v) * 0.99)])
             out["per_victim"] = ((statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
                                  if per else (0.0, 0.0))
         out["by_depth"] = by_depth([(d, ns) for b in batches
@@ -347,9 +354,11 @@ def main() -> None:
               f"{t['request'][0] / b['request'][0]:.3f}")
     for r, s in zip(runs, sums, strict=True):
         if "victims" in s:
-            print(f"  {r.label} FULL evict: nodes removed per call median {s['victims'][0]:.0f} / "
-                  f"p99 {s['victims'][1]:.0f}; us per node removed {s['per_victim'][0]:.1f} / "
-                  f"{s['per_victim'][1]:.1f} (p99/median "
+            print(f"  {r.label} FULL evict: tokens asked per call median {s['asked'][0]:.0f} / "
+                  f"p99 {s['asked'][1]:.0f}; nodes removed per call median "
+                  f"{s['victims'][0]:.0f} / p99 {s['victims'][1]:.0f} (tombstone ancestors "
+                  f"{s['ancestors'][0]:.0f} / {s['ancestors'][1]:.0f}); us per node removed "
+                  f"{s['per_victim'][0]:.1f} / {s['per_victim'][1]:.1f} (p99/median "
                   f"{s['per_victim'][1] / max(1e-9, s['per_victim'][0]):.2f})")
     for r, s in zip(runs, sums, strict=True):
         bd = s["by_depth"]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import statistics
 
 OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
+NOT_OPS = ("request", "hit", "victims", "asked", "ancestors", "depth", "aside")  # per-batch lists
 DEPTH_MIN = 100  # match calls a path depth needs before its median and p99 are reported
 
 
 def ops_in(batches: list[dict]) -> list[str]:
     """The timed ops of a run, in ``OPS`` order then the per-component ones (sorted)."""
     seen = {op for b in batches for op, v in b.items() if isinstance(v, list) and v}
-    seen -= {"request", "hit", "victims", "depth", "aside"}
+    seen -= set(NOT_OPS)
     return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
 
 
