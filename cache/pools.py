@@ -162,7 +162,10 @@ class SlotAllocator:
 
     def check_request_held(self, indices: torch.Tensor, name: str) -> None:
         """Raise ValueError (nothing changed) unless ``indices`` are whole pages, each allocated,
-        held by a request (no tree node owns it) and named once."""
+        held by a request (no tree node owns it) and named once. One C pass settles the good
+        case (``_split_ok``); the checks below name what is wrong."""
+        if self._split_ok(indices, 0):
+            return
         pages = self.pages_of(indices, name)
         used = self._used[pages]
         if _count(used) != pages.size:
@@ -190,13 +193,26 @@ class SlotAllocator:
         above)`` in one pass (insert's guard: the tree's slots below ``prev_prefix_len``, the
         request's from there on): ``native.check_split``, one C loop over the slots and the
         marks. Raises what those raise, before any change."""
-        try:
-            ok = self.page_size == 1 and native.check_split(indices, split, self._used,
-                                                            self._tree, self._seen)
-        except (BufferError, TypeError, ValueError):  # a strided buffer: the slow path settles it
-            ok = False
-        if not ok:
+        if not self._split_ok(indices, split):
             self._check_split_slow(indices, split, below, above)  # raises, naming the slot
+
+    def _split_ok(self, indices, split: int) -> bool:
+        """``native.check_split``'s verdict where it can give one: page size 1 and a 1-D int64
+        array or tensor (its pages are its slots). False sends the caller to its slow path,
+        which checks again and raises, naming the slot (or the type) that is wrong."""
+        if self.page_size != 1:
+            return False
+        if type(indices) is not np.ndarray:
+            if (not isinstance(indices, torch.Tensor) or indices.dim() != 1
+                    or indices.dtype != torch.int64):
+                return False
+            indices = _np(indices)
+        elif indices.ndim != 1:
+            return False
+        try:
+            return native.check_split(indices, split, self._used, self._tree, self._seen)
+        except (BufferError, TypeError, ValueError):  # a strided buffer: the slow path settles it
+            return False
 
     def _check_split_slow(self, indices: np.ndarray, split: int, below: str, above: str) -> None:
         if split:
