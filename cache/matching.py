@@ -7,6 +7,7 @@ import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.components import BACKBONE, STATE, WINDOW
+from radixscope.cache.components.base import ANY_OK, DEV_OK
 from radixscope.cache.keys import check_namespace, normalize_key
 from radixscope.cache.results import MatchResult
 from radixscope.cache.state import CacheCore
@@ -53,11 +54,10 @@ class Matching(CacheCore):
     def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
         tree = self.tree
         root = tree.root
-        # FULL (component 0) is checked inline; auxiliary validators may be stateful (SWA),
-        # so each sees every node of the path top-down
+        # FULL (component 0) is checked inline; auxiliary checks may be stateful (SWA), so
+        # each sees every node of the path top-down
         aux = self.comps[1:]
-        dev_v = [c.validator(False) for c in aux]
-        any_v = [c.validator(True) for c in aux]
+        checks = [c.path_check() for c in aux]
         path: list[Node] = []
         last_dev = best = -1
         full_len = dev_len = 0
@@ -75,19 +75,15 @@ class Matching(CacheCore):
             fv = child.data[0].values
             f_dev = fv[DEVICE] is not None
             f_any = f_dev or fv[HOST] is not None  # resident, or loadable back from host
-            d_ok, a_ok = f_dev, f_any
-            # every validator sees the node (no short cut: they are stateful); plain loops, as
-            # a list comprehension is a call of its own on every node of the path
-            for v in dev_v:
-                if not v(child):
-                    d_ok = False
-            for v in any_v:
-                if not v(child):
-                    a_ok = False
-            if d_ok:
+            # every check sees the node (no short cut: they are stateful); a plain loop, as a
+            # comprehension is a call of its own on every node of the path
+            ok = DEV_OK | ANY_OK
+            for check in checks:
+                ok &= check(child)
+            if f_dev and ok & DEV_OK:
                 last_dev = len(path) - 1
                 dev_len = off
-            if a_ok:
+            if f_any and ok & ANY_OK:
                 best = len(path) - 1
             if not f_any:
                 break

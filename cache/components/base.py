@@ -19,6 +19,7 @@ from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import ComponentData, Node
 
 _numel = torch.Tensor.numel
+DEV_OK, ANY_OK = 1, 2  # ``path_check``'s bits: a valid match end on device / on device or host
 
 
 class Component:
@@ -62,15 +63,28 @@ class Component:
             new.refs[:] = child.refs
 
     # ---- match phase -----------------------------------------------------------------------
-    def validator(self, host_ok: bool) -> Callable[[Node], bool]:
-        """A predicate fed the matched path top-down: is this node a valid match end? Default:
-        the component holds data on the node (on device; or on host when ``host_ok``).
-        Stateful components (SWA) override it."""
+    def path_check(self) -> Callable[[Node], int]:
+        """A check fed the matched path top-down, one call a node (match's hot loop): is this
+        node a valid match end? A bitmask: ``DEV_OK`` counting device data only, ``ANY_OK``
+        counting host data too. Default: the component holds data on the node. Stateful
+        components (SWA) override it; ``validator`` is built on it."""
         i = self.index
 
+        def check(node: Node) -> int:
+            v = node.data[i].values
+            if v[DEVICE] is not None:
+                return DEV_OK | ANY_OK
+            return ANY_OK if v[HOST] is not None else 0
+        return check
+
+    def validator(self, host_ok: bool) -> Callable[[Node], bool]:
+        """``path_check`` as a predicate: a valid match end on device (or, with ``host_ok``,
+        counting host data too)."""
+        check = self.path_check()
+        bit = ANY_OK if host_ok else DEV_OK
+
         def valid(node: Node) -> bool:
-            d = node.data[i]
-            return d.values[DEVICE] is not None or (host_ok and d.values[HOST] is not None)
+            return bool(check(node) & bit)
         return valid
 
     @classmethod

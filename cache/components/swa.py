@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from radixscope.cache.components.base import Component
+from radixscope.cache.components.base import ANY_OK, DEV_OK, Component
 from radixscope.cache.keys import ceil_paged
 from radixscope.cache.tiers import DEVICE, HOST
 from radixscope.cache.tree import Node
@@ -32,15 +32,27 @@ class SwaComponent(Component):
         self.window_paged = ceil_paged(self.window, config.page_size)
         self.value_cap = self.window_paged  # fresh leaves are capped, heals stay in the window
 
-    def validator(self, host_ok: bool):
-        i = self.index
-        step = _window_rule(self.window)
+    def path_check(self):
+        """``_window_rule`` on two runs at once, inlined (one call a node of every match): the
+        unbroken run of SWA data behind the node on device, and on device or host."""
+        i, window = self.index, self.window
+        dev = both = float("inf")  # the root's side needs no window
 
-        def valid(node: Node) -> bool:
-            d = node.data[i]
-            return step(d.values[DEVICE] is not None
-                        or (host_ok and d.values[HOST] is not None), len(node.key))
-        return valid
+        def check(node: Node) -> int:
+            nonlocal dev, both
+            v = node.data[i].values
+            k = len(node.key)
+            if v[DEVICE] is not None:
+                dev += k
+                both += k
+            elif v[HOST] is not None:
+                dev = 0
+                both += k
+            else:
+                dev = both = 0
+                return 0
+            return (DEV_OK if dev >= window else 0) | (ANY_OK if both >= window else 0)
+        return check
 
     @classmethod
     def valid_prefix(cls, steps: Iterable[tuple[bool, int]], *, window: int | None = None
