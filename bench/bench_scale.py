@@ -18,9 +18,8 @@ buffers' bytes, divided by the tokens resident); store bytes per op (the store's
 calls by the tokens they were asked for and the nodes they removed (tombstone ancestors among
 them), and the cost per node removed; match calls by the depth of the device path they walked
 (a line through each depth's median, and the worst p99/median within one depth: the tail that
-is not the workload's spread of path lengths); last, issue 17's
-targets that one run can judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits
-telemetry's cost into its steps.
+is not the workload's spread of path lengths); last, issue 17's targets that one run can judge,
+each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2

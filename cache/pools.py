@@ -207,7 +207,7 @@ class SlotAllocator:
                     or indices.dtype != torch.int64):
                 return False
             indices = _np(indices)
-        elif indices.ndim != 1:
+        elif indices.ndim != 1 or indices.dtype != np.int64:
             return False
         try:
             return native.check_split(indices, split, self._used, self._tree, self._seen)
