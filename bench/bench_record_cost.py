@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from bench_scale import SCALES, Run, workload_args  # noqa: E402
+from bench_scale import SCALES, Run, parse_workload, workload_args  # noqa: E402
 from scale_stats import ops_in  # noqa: E402
 
 from radixscope.cache import native, recording  # noqa: E402
@@ -78,7 +78,7 @@ def python_ledger():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     workload_args(ap, requests=1000)
-    args = ap.parse_args()
+    args = parse_workload(ap)
     nodes, comps = SCALES[args.scale], tuple(args.components.split(","))
     torch.set_num_threads(1)
     def detached(encoder: str) -> TelemetryRecorder:

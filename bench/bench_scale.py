@@ -52,6 +52,9 @@ SCALES = {"1k": 1_000, "100k": 100_000}
 SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
 TOKENS_PER_NODE = 216  # resident tokens per node on this workload (measured)
 DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buffer
+# requests fill in the branching points their match reports (``MatchResult.branch_len``), as
+# SGLang's scheduler does: with SWA / MAMBA a conversation then reuses a shared system prompt
+BRANCHING = True
 CLOCK = time.thread_time_ns
 
 
@@ -127,10 +130,12 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
         if n - c.available("swa") > 0:
             _timed_evict(c, n - c.available("swa"), "swa", timed)
             calls += 1
+    branch = m.branch_len if BRANCHING else 0
     if "mamba" in comps:
-        aux.append(("mamba", 1))
-        if c.available("mamba") < 1:
-            _timed_evict(c, 1, "mamba", timed)
+        states = 2 if branch else 1  # the state at the key's end, and at the branching point
+        aux.append(("mamba", states))
+        if c.available("mamba") < states:
+            _timed_evict(c, states - c.available("mamba"), "mamba", timed)
             calls += 1
     a0 = clock()
     idx = c.alloc(n)
@@ -146,11 +151,13 @@ def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int
             kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1,
                                                       dtype=torch.int64), slots])
         else:
-            kw["mamba_slot"] = slots
+            kw["mamba_slot"] = slots[:1]
+            if branch:
+                kw["mamba_branch_slot"] = slots[1:]
     calls += len(aux)
     full = torch.cat([m.device_indices, idx])
     t4 = clock()
-    c.insert(key, full, prev_prefix_len=m.device_prefix_len, req_id=rid, **kw)
+    c.insert(key, full, prev_prefix_len=m.device_prefix_len, branch_len=branch, req_id=rid, **kw)
     t5 = clock()
     c.unlock(r)
     t6 = clock()
@@ -309,6 +316,16 @@ def workload_args(ap: argparse.ArgumentParser, requests: int) -> None:
     ap.add_argument("--requests", type=int, default=requests, help="requests per batch")
     ap.add_argument("--reps", type=int, default=3, help="interleaved batches per cache")
     ap.add_argument("--components", default="full", help="e.g. full,swa or full,swa,mamba")
+    ap.add_argument("--no-branching", action="store_true",
+                    help="requests ignore MatchResult.branch_len (no branching points)")
+
+
+def parse_workload(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line; ``--no-branching`` applies to every request made after."""
+    global BRANCHING
+    args = ap.parse_args()
+    BRANCHING = not args.no_branching
+    return args
 
 
 def main() -> None:
@@ -316,7 +333,7 @@ def main() -> None:
     workload_args(ap, requests=2000)
     ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
-    args = ap.parse_args()
+    args = parse_workload(ap)
     nodes = SCALES[args.scale]
     comps = tuple(args.components.split(","))
     torch.set_num_threads(1)
@@ -333,7 +350,8 @@ def main() -> None:
         sums = [r.summary() for r in runs]
     print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
           f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
-          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}; kernels {native.KERNELS}")
+          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}; kernels {native.KERNELS}; "
+          f"branching points {'on' if BRANCHING else 'off'}")
     for r, s, cl in zip(runs, sums, closes, strict=True):
         ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
                        for op in (*ops_in(r.batches), "request"))

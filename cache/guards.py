@@ -83,7 +83,7 @@ class Guards:
 
     def _check_insert_slots(self, tokens, extra_key, idx: np.ndarray,
                            swa: np.ndarray | None, mamba_slot: torch.Tensor | None, prev: int,
-                           swa_ev: int) -> tuple:
+                           swa_ev: int, mamba_branch: torch.Tensor | None = None) -> tuple:
         """The caller's slots for ``insert``: below ``prev`` the tree's own (the tree must hold that
         much of the key on device, in those slots' pages); from ``prev`` on allocated, held by the
         request (not by a node) and named once, per component. Read-only; raises before the
@@ -110,6 +110,12 @@ class Guards:
                 self.device_pools[self.ci[WINDOW]].alloc.check_request_held(swa[lo:n], "swa_indices")
         if mamba_slot is not None:
             self.device_pools[self.ci[STATE]].alloc.check_request_held(mamba_slot, "mamba_slot")
+        if mamba_branch is not None:
+            self.device_pools[self.ci[STATE]].alloc.check_request_held(mamba_branch,
+                                                                       "mamba_branch_slot")
+            if mamba_slot is not None and int(mamba_branch[0]) == int(mamba_slot[0]):
+                raise ValueError(f"mamba_branch_slot and mamba_slot are the same slot "
+                                 f"({int(mamba_slot[0])}): two states need two slots")
         return node, off
 
 

@@ -30,7 +30,8 @@ class Insertion(CacheCore):
 
     def insert(self, key, device_indices: torch.Tensor, *, extra_key=None,
                swa_indices: torch.Tensor | None = None, mamba_slot: torch.Tensor | None = None,
-               prev_prefix_len: int = 0, swa_evicted_len: int = 0,
+               prev_prefix_len: int = 0, swa_evicted_len: int = 0, branch_len: int = 0,
+               mamba_branch_slot: torch.Tensor | None = None,
                req_id: str | None = None) -> InsertResult:
         """Cache ``key`` with the caller's FULL device slots (and SWA slots / MAMBA state).
 
@@ -42,11 +43,18 @@ class Insertion(CacheCore):
             mamba_slot: with MAMBA, a 1-element tensor: the state at the key's end, donated.
             prev_prefix_len: the caller's prefix that came from the tree (its slots are the
                 tree's own and are never freed here).
+            branch_len: a branching point (``MatchResult.branch_len``; 0: none), page-aligned,
+                past ``prev_prefix_len`` and within the key: a node ends there, and it keeps the
+                SWA window behind it (the part the caller's live SWA slots cover) besides the
+                key's last window, so the next request over this prefix matches up to it.
+            mamba_branch_slot: with MAMBA and a ``branch_len`` short of the key's end, a
+                1-element tensor: the state at ``branch_len``, donated to the node ending there.
         Returns: ``InsertResult``; ``prefix_len`` tokens were already present and the caller's
             slots for them (at or beyond ``prev_prefix_len``) were freed.
         Mutates: new leaf / splits; un-evicts host-only nodes by adopting the caller's slots;
-            heals SWA tombstones inside the caller's live range; donates the MAMBA state; hit
-            counts and recency; write-through backups; the MAMBA per-path cap.
+            heals SWA tombstones inside the caller's live range; donates the MAMBA state (and the
+            branching point's); hit counts and recency; write-through backups; the MAMBA
+            per-path cap.
         Emits: one ``insert`` op; structure, state, pool and transfer mutations.
         """
         raw_len = key_len(key)
@@ -60,44 +68,69 @@ class Insertion(CacheCore):
             swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
         elif swa_indices is not None:
             raise ValueError(f"swa_indices given but the {WINDOW!r} component is not configured")
+        for name, slot in (("mamba_slot", mamba_slot), ("mamba_branch_slot", mamba_branch_slot)):
+            if slot is not None and STATE not in self.ci:
+                raise ValueError(f"{name} given but the {STATE!r} component is not configured")
         if mamba_slot is not None:
-            if STATE not in self.ci:
-                raise ValueError(f"mamba_slot given but the {STATE!r} component is not configured")
             mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", None)
-        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len)):
+        for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len),
+                        ("branch_len", branch_len)):
             if type(v) is not int and (isinstance(v, bool) or not isinstance(v, int)) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
-        if swa_evicted_len % self.page_size:
-            raise ValueError(f"swa_evicted_len={swa_evicted_len} must be page-aligned "
-                             f"(page_size={self.page_size})")
+            if name != "prev_prefix_len" and v % self.page_size:
+                raise ValueError(f"{name}={v} must be page-aligned (page_size={self.page_size})")
+        if branch_len and not prev_prefix_len < branch_len <= len(tokens):
+            raise ValueError(f"branch_len={branch_len} must be 0 or past prev_prefix_len="
+                             f"{prev_prefix_len} and within the key's {len(tokens)} whole-page "
+                             "tokens")
+        if mamba_branch_slot is not None:
+            if not 0 < branch_len < len(tokens):
+                raise ValueError(f"mamba_branch_slot needs a branch_len short of the key's end "
+                                 f"(0 < branch_len < {len(tokens)}), got branch_len={branch_len}; "
+                                 "the state at the key's end is mamba_slot")
+            mamba_branch_slot = self._check_indices(mamba_branch_slot, 1, "mamba_branch_slot",
+                                                    None)
         # numpy views of the caller's slots: the guard and the walk slice them (a numpy slice
         # costs a fifth of a tensor's); a node keeps a copy of its part (``_owned``)
         idx = _np(idx)
         swa = None if swa is None else _np(swa)
         start = self._check_insert_slots(tokens, extra_key, idx, swa, mamba_slot,
-                                         prev_prefix_len, swa_evicted_len)
+                                         prev_prefix_len, swa_evicted_len, mamba_branch_slot)
         n = len(tokens)
         if n < raw_len:  # the caller keeps the slots past the last whole page
             idx = idx[:n]
             swa = None if swa is None else swa[:n]
         out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key, idx, swa,
-                        mamba_slot, prev_prefix_len, swa_evicted_len, start)
+                        mamba_slot, prev_prefix_len, swa_evicted_len, start, branch_len,
+                        mamba_branch_slot)
         if not out.backups:
             return out
         return dataclasses.replace(out, backups=tuple(TransferId(t, self.instance)
                                                       for t in out.backups))
 
     def _insert_walk(self, tokens, extra_key, idx, swa, mamba_slot, prev, swa_ev,
-                     start: tuple) -> InsertResult:
+                     start: tuple, branch: int = 0, mamba_branch=None) -> InsertResult:
         """The body of ``HiRadixCache.insert`` after validation (``self`` is the cache),
         resuming at ``start`` = ``(node, off)``, where the guard's walk stopped."""
         tree = self.tree
         si = self.ci.get(WINDOW)
         (node, off), n = start, len(tokens)
+        at_end = 0 < branch == n
+        if at_end:
+            branch = 0  # the key's end: its own window and state are kept anyway
         swa_from = max(swa_ev, prev)  # the caller's live SWA slots start here
-        # SWA is kept only on the key's last page-aligned window: a fresh leaf is capped there and
-        # only tombstones inside it are healed (so a live sequence holds about one window of SWA)
-        heal_from = max(swa_from, n - self.comps[si].window_paged) if si is not None else n
+        # SWA is kept only on the key's last page-aligned window (a fresh leaf is capped there
+        # and only tombstones inside it are healed, so a live sequence holds about one window of
+        # SWA) and on the window behind a branching point: [keep_lo, branch)
+        heal_from = keep_lo = n
+        if si is not None:
+            w = self.comps[si].window_paged
+            heal_from = max(swa_from, n - w)
+            if branch and max(swa_from, branch - w) < branch:
+                keep_lo = max(swa_from, branch - w)
+                if branch >= heal_from:  # the two windows meet: one range to the key's end
+                    heal_from, keep_lo = min(heal_from, keep_lo), n
+        branch_node = None
         descend = tree.descend
         while off < n:
             step = descend(node, tokens, off, extra_key)
@@ -106,39 +139,61 @@ class Insertion(CacheCore):
             child, k = step
             if k < len(child.key):
                 child = self.split(child, k)
-            if si is not None and off < heal_from < off + k and child.data[si].values[DEVICE] is None:
-                child = self.split(child, heal_from - off)  # heal only the in-window live part
-                k = len(child.key)
-            self._overlap(child, off, k, idx, swa, prev, swa_from, heal_from, si)
+            # a node ends at the branching point, and where kept SWA starts on a tombstone
+            end = off + k
+            cut = branch if off < branch < end else end
+            if si is not None and child.data[si].values[DEVICE] is None:
+                if off < keep_lo < cut:
+                    cut = keep_lo
+                if off < heal_from < cut:
+                    cut = heal_from
+            if cut < end:
+                child = self.split(child, cut - off)
+                k = cut - off
+            self._overlap(child, off, k, idx, swa, prev, swa_from, heal_from, keep_lo, branch, si)
             node, off = child, off + k
+            if off == branch:
+                branch_node = child
         prefix_len = off
-        if off < n and si is not None and off < heal_from:
-            # below the window (or the caller's live SWA range): a FULL-only node, an SWA tombstone
-            mid = min(heal_from, n)
-            node = self._new_leaf_with(node, tokens[off:mid], extra_key, idx, off, None, si)
-            lo = max(off, swa_from)
-            if lo < mid:  # the caller's live SWA slots there are not kept
-                self.request_held[si][DEVICE] -= self.free_slots(si, DEVICE, swa[lo:mid])
-            off = mid
-        if off < n:
-            node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, swa, si)
+        if off < n:  # new leaves, cut at the same points
+            for end in (*sorted({c for c in (keep_lo, branch, heal_from) if off < c < n}), n):
+                keep = si is not None and (off >= heal_from or keep_lo <= off and end <= branch)
+                node = self._new_leaf_with(node, tokens[off:end], extra_key, idx, off,
+                                           swa if keep else None, si)
+                lo = max(off, swa_from)
+                if si is not None and not keep and lo < end:  # the caller's live SWA there goes
+                    self.request_held[si][DEVICE] -= self.free_slots(si, DEVICE, swa[lo:end])
+                off = end
+                if off == branch:
+                    branch_node = node
         mamba_exist = False
         if mamba_slot is not None and node.parent is not None:
-            mi = self.ci[STATE]
-            if node.data[mi].values[DEVICE] is not None:
-                mamba_exist = True
-                self.free_slots(mi, DEVICE, mamba_slot)
-            else:
-                self.set_value(node, mi, DEVICE, mamba_slot.clone())
-            self.request_held[mi][DEVICE] -= 1
+            mamba_exist = self._donate_state(node, mamba_slot)
         elif mamba_slot is not None:
             self.free_slots(self.ci[STATE], DEVICE, mamba_slot)
             self.request_held[self.ci[STATE]][DEVICE] -= 1
+        # the guard made sure a node ends at the branching point when a state is given for it
+        branch_exist = mamba_branch is not None and self._donate_state(branch_node, mamba_branch)
         self.touch(node)
         backups = self._backup_after_insert(node) if node.parent is not None else ()
         if STATE in self.ci and node.parent is not None:
             self._enforce_mamba_cap(node)
-        return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups)
+        if at_end:
+            branch_node = node
+        return InsertResult(prefix_len, node.id, n, n - prefix_len, mamba_exist, backups,
+                            None if branch_node is None else branch_node.id, branch_exist)
+
+    def _donate_state(self, node: Node, slot: torch.Tensor) -> bool:
+        """Give ``node`` the caller's MAMBA state (a copy of the slot index); when it already
+        holds one, free the caller's slot instead. Returns whether it already held one."""
+        mi = self.ci[STATE]
+        exist = node.data[mi].values[DEVICE] is not None
+        if exist:
+            self.free_slots(mi, DEVICE, slot)
+        else:
+            self.set_value(node, mi, DEVICE, slot.clone())
+        self.request_held[mi][DEVICE] -= 1
+        return exist
 
     def _new_leaf_with(self, parent, key, extra_key, idx, off, swa, si) -> Node:
         leaf = self.new_leaf(parent, key, extra_key)
@@ -151,7 +206,7 @@ class Insertion(CacheCore):
         return leaf
 
     def _overlap(self, node: Node, off: int, k: int, idx, swa, prev: int, swa_from: int,
-                 heal_from: int, si: int | None) -> None:
+                 heal_from: int, keep_lo: int, branch: int, si: int | None) -> None:
         end = off + k
         f = node.data[0]
         if f.values[DEVICE] is None:
@@ -169,7 +224,9 @@ class Insertion(CacheCore):
         lo = max(off, swa_from)
         if lo >= end:
             return
-        if s.values[DEVICE] is None and lo == off and off >= heal_from and node.data[0].values[DEVICE] is not None:
+        if (s.values[DEVICE] is None and lo == off and (off >= heal_from or keep_lo <= off
+                                                         and end <= branch)
+                and node.data[0].values[DEVICE] is not None):
             self.set_value(node, si, DEVICE, *_owned(swa[off:end]))  # heal the tombstone
         else:
             self.free_slots(si, DEVICE, swa[lo:end])

@@ -184,6 +184,7 @@ class Invariants:
         """Every in-flight transfer holds its pins and can still be acked (the engine has it); every
         pin held for a transfer belongs to such a transfer; load-back marks name live transfers."""
         pending = self.engine.pending
+        owners: dict = {}  # (component index, tier) -> slot -> owning node (``_slot_owners``)
         for tid, t in self.transfers.items():
             for rid in t.receipts:
                 if rid not in self.locks:
@@ -191,7 +192,7 @@ class Invariants:
             if tid not in pending:
                 v.append(("transfer.unackable", t.anchor, f"transfer {tid} is in flight but not "
                           "queued: no poll can ack it"))
-            self._check_transfer_slots(t, v)
+            self._check_transfer_slots(t, v, owners)
         for tid in pending:
             if tid not in self.transfers:
                 t = getattr(pending[tid], "transfer", None)
@@ -213,22 +214,42 @@ class Invariants:
                 v.append(("transfer.loading_mark", nid, f"marked as loading by transfers {list(tids)}"
                           f"; not in flight: {dead}"))
 
-    def _check_transfer_slots(self, t, v: list) -> None:
-        """Every slot an in-flight transfer reads or writes is allocated: a freed one means a
+    def _check_transfer_slots(self, t, v: list, owners: dict) -> None:
+        """Every slot an in-flight transfer reads or writes is allocated, and no node outside the
+        transfer holds it: a freed one, or one freed and taken again by another node, means a
         copy runs on memory another owner may already hold (use after free)."""
+        mine = {t.anchor, *self.transfer_nodes.get(t.transfer_id, t.node_ids)}
         for cp in t.copies:
             ci = self.ci[cp.component]
             for tier_label, idx in ((cp.src_tier, cp.src), (cp.dst_tier, cp.dst)):
-                pool = self.pools[ci][Tier.of(tier_label)]
+                tier = Tier.of(tier_label)
+                pool = self.pools[ci][tier]
                 if pool is None:  # storage: the destination of a store holds no slots
                     continue
                 alloc = pool.alloc
-                freed = sorted({int(s) for s in idx.tolist()
-                                if not alloc.is_used(int(s) // alloc.page_size)})
+                slots = idx.tolist()
+                freed = sorted({s for s in slots if not alloc.is_used(s // alloc.page_size)})
+                held = self._slot_owners(ci, tier, owners)
+                taken = sorted({(s, o) for s in slots if (o := held.get(s)) is not None and o not in mine})
+                what = f"{t.kind} {t.transfer_id} still {'reads' if idx is cp.src else 'writes'}"
                 if freed:
                     v.append(("transfer.slot_freed", t.anchor,
-                              f"{t.kind} {t.transfer_id} still {'reads' if idx is cp.src else 'writes'}"
-                              f" {cp.component}/{tier_label} slots {freed[:8]}, which are free"))
+                              f"{what} {cp.component}/{tier_label} slots {freed[:8]}, which are free"))
+                if taken:
+                    v.append(("transfer.slot_freed", t.anchor,
+                              f"{what} {cp.component}/{tier_label} slots "
+                              f"{[s for s, _ in taken][:8]}, freed and taken again by node(s) "
+                              f"{sorted({n for _, n in taken})[:8]}"))
+
+    def _slot_owners(self, ci: int, tier, memo: dict) -> dict[int, int]:
+        """slot -> the node whose value holds it, for one component and tier (built once per
+        ``check`` and only when a transfer is in flight)."""
+        key = (ci, int(tier))
+        if key not in memo:
+            memo[key] = {s: nid for nid, node in self.tree.nodes.items()
+                         if (val := node.data[ci].values[tier]) is not None
+                         for s in val.tolist()}
+        return memo[key]
 
     def _check_pool(self, comp, tier: int, values: list[torch.Tensor], v: list) -> None:
         ci = comp.index

@@ -72,13 +72,14 @@ class StorageInvariants(CacheCore):
                 v.append((f"{comp.name}.storage.ledger", None,
                           f"evictable {self.evictable[ci][STORAGE]} protected "
                           f"{self.protected[ci][STORAGE]}, recount {sums[ci]}"))
+        owners: dict = {}  # ``_check_transfer_slots``' slot owners, built once
         for tid, t in self.store_transfers.items():
             if any(r not in self.locks for r in t.receipts):
                 v.append(("store.unpinned", t.anchor, f"store {tid} lost its host pins"))
             # the writer thread reads these host slots until the ack: they must stay allocated
             # and stay the pinned nodes' host copies, or L3 gets another owner's bytes under a
             # valid checksum (a use after free no reader of the shared store can detect)
-            self._check_transfer_slots(t, v)
+            self._check_transfer_slots(t, v, owners)
             for rid in t.receipts:
                 entry = self.locks.get(rid)
                 for ci, ids in (entry.pins.items() if entry is not None else ()):

@@ -37,6 +37,8 @@ class Matching(CacheCore):
         the whole pages past the host match for ``req_id`` unless one is running or done
         (``prefetch_status``), host-pinning the last host node while it runs; see
         ``l3_prefetch.py``.
+        ``branch_len``: where FULL's match ends past the auxiliary components' (the branching
+        point an ``insert`` can fill in; see ``MatchResult``).
         Emits: one ``match`` op; ``node.split``, ``comp.state``, ``node.touch`` mutations.
         """
         tokens = normalize_key(key, self.page_size)
@@ -60,7 +62,7 @@ class Matching(CacheCore):
         checks = [c.path_check() for c in aux]
         path: list[Node] = []
         last_dev = best = -1
-        full_len = dev_len = 0
+        full_len = dev_len = best_len = 0
         node, off, n = root, 0, len(tokens)
         descend = tree.descend
         while off < n:
@@ -85,6 +87,7 @@ class Matching(CacheCore):
                 dev_len = off
             if f_any and ok & ANY_OK:
                 best = len(path) - 1
+                best_len = off
             if not f_any:
                 break
             full_len = off
@@ -111,7 +114,8 @@ class Matching(CacheCore):
             last_host_node=best_node.id, best_match_node=best_node.id,
             host_hit_length=hits[BACKBONE], swa_host_hit_length=hits.get(WINDOW, 0),
             mamba_host_hit_length=hits.get(STATE, 0), matched_len=matched, key_len=n,
-            extra_key=extra_key, mamba_slot=mamba_slot, cache_instance=self.instance)
+            extra_key=extra_key, branch_len=matched if matched > best_len else 0,
+            mamba_slot=mamba_slot, cache_instance=self.instance)
 
     def _cow_mamba(self, node: Node) -> torch.Tensor | None:
         ci = self.ci[STATE]

@@ -70,6 +70,11 @@ class MatchResult:
             behind ``best_match_node``, page-rounded, capped at the page-rounded window).
         mamba_host_hit_length: MAMBA states a load-back will bring (0 or 1).
         matched_len: tokens matched on any tier ignoring auxiliary components (FULL only).
+        branch_len: the branching point: ``matched_len`` when FULL reaches further than the
+            auxiliary components accept (no SWA window / MAMBA state at the FULL match's end,
+            typically a shared system prompt another conversation split off), else 0. Pass
+            it to ``insert`` (with the MAMBA state at that position as ``mamba_branch_slot``)
+            and the next request over this prefix matches up to it. Page-aligned.
         key_len: page-aligned length of the key that was matched.
         mamba_slot: request-owned MAMBA slot holding a copy of the state (``cow_mamba``).
         cache_instance: the issuing cache's ``instance``; another cache rejects the handle.
@@ -96,6 +101,7 @@ class MatchResult:
     matched_len: int = 0
     key_len: int = 0
     extra_key: object = None
+    branch_len: int = 0
     mamba_slot: torch.Tensor | None = None
     cache_instance: int = 0
     # L3 (fields of ``StorageMatchResult``): plain class attributes here, so a match without
@@ -137,7 +143,9 @@ class InsertResult:
     """``prefix_len``: tokens of the key already in the tree (device or host) before the insert;
     the caller's slots for that part were freed, except below ``prev_prefix_len``.
     ``last_node``: the node ending at the inserted key. ``mamba_exist``: the tree already held
-    a state there, so the donated MAMBA slot was freed."""
+    a state there, so the donated MAMBA slot was freed. ``branch_node``: the node ending at
+    ``branch_len`` (None without one); ``mamba_branch_exist``: it already held a MAMBA state,
+    so ``mamba_branch_slot`` was freed."""
 
     prefix_len: int
     last_node: int
@@ -145,6 +153,8 @@ class InsertResult:
     new_tokens: int
     mamba_exist: bool = False
     backups: tuple[TransferId, ...] = ()
+    branch_node: int | None = None
+    mamba_branch_exist: bool = False
 
 
 @_fast_init

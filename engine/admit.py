@@ -192,6 +192,7 @@ class Admitter:
         seq.seq_len = seq.cached_len = prefix
         seq.swa_evicted_len = 0
         seq.mamba_slot = slot
+        seq.branch_len = m.branch_len if m.branch_len > prefix else 0
         seq.host_hit = loaded.get(BACKBONE, 0)
         seq.storage_hit = min(m.storage_hit_length, seq.host_hit)
         seq.device_hit = prefix - seq.host_hit

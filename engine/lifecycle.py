@@ -213,17 +213,21 @@ class Driver:
                 and any(comp == WINDOW and nodes for comp, nodes in r.pins)):
             seq.receipt = c.release_swa(r, req_id=seq.rid)
 
-    def _insert(self, seq: Sequence, mamba_slot) -> object:
+    def _insert(self, seq: Sequence, mamba_slot, branch: int = 0, branch_slot=None) -> object:
         e = seq.seq_len
         kw: dict = {}
         if self.swa:
             kw = {"swa_indices": seq.swa[:e], "swa_evicted_len": seq.swa_evicted_len}
+        if branch_slot is not None:
+            kw["mamba_branch_slot"] = branch_slot
         return self.cache.insert(seq.spec.tokens[:e], seq.full[:e], extra_key=seq.spec.extra_key,
                                  mamba_slot=mamba_slot, prev_prefix_len=seq.cached_len,
-                                 req_id=seq.rid, **kw)
+                                 branch_len=branch, req_id=seq.rid, **kw)
 
     def _checkpoint(self, seq: Sequence) -> None:
-        """Insert the prefilled prefix (whole pages) and move the lock to its node."""
+        """Insert the prefilled prefix (whole pages) and move the lock to its node. The first
+        checkpoint that reaches the request's branching point fills it in: the SWA window behind
+        it (still the request's) and, with MAMBA, the state there (when a slot is free)."""
         c = self.cache
         aligned = seq.seq_len // self.page * self.page
         if aligned <= seq.cached_len:
@@ -232,7 +236,14 @@ class Driver:
         if self.mamba and c.available(STATE) > 0:  # fork the state; skip when no free slot
             fork = c.alloc(1, component=STATE, req_id=seq.rid)
             self.model.write_state(c, fork, seq.hashes[aligned - 1])
-        res = self._insert(seq, fork)
+        branch = seq.branch_len if seq.branch_len <= aligned else 0
+        if branch:
+            seq.branch_len = 0
+        at = None
+        if branch and self.mamba and branch < aligned and c.available(STATE) > 0:
+            at = c.alloc(1, component=STATE, req_id=seq.rid)
+            self.model.write_state(c, at, seq.hashes[branch - 1])
+        res = self._insert(seq, fork, branch, at)
         new = c.lock(res.last_node, owner=seq.rid, req_id=seq.rid)
         if seq.receipt is not None:
             c.unlock(seq.receipt, req_id=seq.rid)
@@ -285,7 +296,7 @@ class Driver:
             self._release(seq)
         seq.retractions += 1
         seq.phase = QUEUED
-        seq.seq_len = seq.cached_len = seq.swa_evicted_len = 0
+        seq.seq_len = seq.cached_len = seq.swa_evicted_len = seq.branch_len = 0
 
 
 __all__ = ["Driver", "DecodeBatch", "LeakedLock"]

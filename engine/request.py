@@ -79,6 +79,9 @@ class Sequence:
     swa: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     swa_evicted_len: int = 0
     mamba_slot: torch.Tensor | None = None
+    # a branching point to fill in (``MatchResult.branch_len``) at the first checkpoint that
+    # reaches it; 0: none (or filled)
+    branch_len: int = 0
     receipt: object = None  # radixscope.cache.results.LockReceipt
     anchor: int = 0  # the node the lock is anchored on
     span: object = None  # the request's OTel span

@@ -53,10 +53,10 @@ def machine_for(components, page_size: int, policy: str):
             """Page-aligned keys with shared structure: each drawn token fills one page."""
             return [t for t in key for _ in range(self.page)]
 
-        @rule(key=KEYS)
-        def insert(self, key):
+        @rule(key=KEYS, branching=st.booleans())
+        def insert(self, key, branching):
             try:
-                self.d.insert(self.k(key), req_id="r")
+                self.d.insert(self.k(key), req_id="r", branching=branching)
             except CacheOutOfMemory:
                 pass
 

@@ -58,22 +58,26 @@ class Driver:
     """Inserts keys like a serving engine (match, reuse the device prefix, allocate the rest,
     write content, insert) and verifies content after matches and load-backs."""
 
-    def __init__(self, cache: HiRadixCache) -> None:
+    def __init__(self, cache: HiRadixCache, branching: bool = False) -> None:
         self.c = cache
         self.swa = "swa" in cache.ci
         self.mamba = "mamba" in cache.ci
+        self.branching = branching  # fill in the match's branching point (an engine does)
 
     def _shape(self, ci: int):
         b = self.c.device_pools[ci].buf
         return (b.shape[0], b.shape[3], b.shape[4])
 
-    def insert(self, tokens, extra_key=None, req_id=None):
+    def insert(self, tokens, extra_key=None, req_id=None, branching: bool | None = None):
+        """``branching``: pass the match's ``branch_len`` (and the MAMBA state there) to
+        ``insert`` (default: the driver's setting)."""
         c = self.c
         page = c.page_size
         n = len(tokens) - len(tokens) % page
         tokens = list(tokens[:n])
         m = c.match_prefix(tokens, extra_key=extra_key, req_id=req_id)
         p = m.device_prefix_len
+        b = m.branch_len if (self.branching if branching is None else branching) else 0
         # pin the reused prefix while allocating, as an engine does
         lock = c.lock(m.last_device_node, owner=req_id)
         taken: list[tuple[str, torch.Tensor]] = []
@@ -96,6 +100,12 @@ class Driver:
                 c.device_pools[mi].write(slot, state_for(tokens, n,
                                                          c.device_pools[mi].buf.shape[1:]))
                 kw["mamba_slot"] = slot
+                if 0 < b < n:
+                    bslot = c.alloc(1, component="mamba", req_id=req_id)
+                    taken.append(("mamba", bslot))
+                    c.device_pools[mi].write(bslot, state_for(tokens, b,
+                                                              c.device_pools[mi].buf.shape[1:]))
+                    kw["mamba_branch_slot"] = bslot
         except Exception:
             for comp, idx in taken:
                 c.free(idx, component=comp)
@@ -103,7 +113,7 @@ class Driver:
             raise
         try:
             return c.insert(tokens, torch.cat([m.device_indices, new]), prev_prefix_len=p,
-                            extra_key=extra_key, req_id=req_id, **kw)
+                            branch_len=b, extra_key=extra_key, req_id=req_id, **kw)
         finally:
             c.unlock(lock)
 

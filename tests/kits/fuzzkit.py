@@ -119,8 +119,8 @@ class Fuzzer:
     # ---- operations ----------------------------------------------------------------------
     def insert(self) -> None:
         key = self.key()
-        try:
-            self.d.insert(key, req_id="r")
+        try:  # half the inserts fill in their match's branching point
+            self.d.insert(key, req_id="r", branching=self.rng.random() < 0.5)
         except CacheOutOfMemory:
             return
         self.inserted.append(key)

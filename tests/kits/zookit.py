@@ -45,7 +45,7 @@ ZOO = {
     "lock_evicted_segment": (_FULL_NO_LOAD, "full.pin_without_device", "lock"),
     "admission_swa_load_back": (_SWA_TIGHT, "admission.guarantee", "load_back"),
     "transfer_mutated": (_HYBRID, "full.host.slot_shared", "insert"),
-    "ledger_twice": (_HYBRID, "full.device.evictable_ledger", "load_back"),
+    "ledger_twice": (_HYBRID, "full.device.evictable_ledger", "insert"),
     "host_use_after_free": (_HYBRID_SMALL_HOST, "transfer.slot_freed", "insert"),
     "leaked_lock": (_HYBRID, "lock.released_at_request_end", None),
     "unlanded_read": (_HYBRID, "transfer.orphan_queued", "transfer"),
