@@ -104,6 +104,8 @@ A_TRANSFER = "transfer"
 A_TRANSFER_KIND = "transfer_kind"
 A_ENQUEUED_BY = "enqueued_by"
 A_EXTRA_KEY = "extra_key"
+A_BRANCH = "branch_len"  # match: the branching point reported; insert: the one filled in
+A_BRANCH_NODE = "branch_node"  # insert: the node ending at the branching point
 A_COMPONENT = "component"
 # L3: a store transfer's failed pages; a prefetch's hand-back (reasons: prefetch_events.R_*,
 # or "drained" for a poll that only freed the leftovers of earlier prefetches)
@@ -123,9 +125,9 @@ A_STORAGE_HIT = "storage_tokens"            # match: host-hit tokens a prefetch 
 # dict. ``attrs_dict`` names either; a match appends its prefetch fields only when one was asked.
 OP_FIELDS: dict[str, tuple[str, ...]] = {
     OP_MATCH: (A_KEY_TOKENS, A_DEVICE_TOKENS, A_HOST_TOKENS, A_SWA_HOST_TOKENS, A_MAMBA_HOST,
-               A_NODE, A_BEST_NODE, A_EXTRA_KEY, A_PREFETCH_STATUS, A_PREFETCH_ASKED,
-               A_STORAGE_HIT),
-    OP_INSERT: (A_KEY_TOKENS, A_PREFIX_LEN, A_NEW_TOKENS, A_NODE),
+               A_NODE, A_BEST_NODE, A_EXTRA_KEY, A_BRANCH, A_PREFETCH_STATUS,
+               A_PREFETCH_ASKED, A_STORAGE_HIT),
+    OP_INSERT: (A_KEY_TOKENS, A_PREFIX_LEN, A_NEW_TOKENS, A_NODE, A_BRANCH, A_BRANCH_NODE),
     OP_LOCK: (A_RECEIPT, A_NODE, A_OWNER, A_NODES),
     OP_UNLOCK: (A_RECEIPT, A_NODE, A_OWNER),
     OP_RELEASE_SWA: (A_RECEIPT, A_NODE, A_OWNER),
@@ -150,7 +152,7 @@ def attrs_dict(op: str, attrs: Any) -> dict:
     fields = OP_FIELDS.get(op)
     if fields is None:
         return {str(i): v for i, v in enumerate(attrs)}
-    return dict(zip(fields, attrs, strict=False))  # a match without prefetch: 8 of 11
+    return dict(zip(fields, attrs, strict=False))  # a match without prefetch: 9 of 12
 
 
 class Mutation(NamedTuple):

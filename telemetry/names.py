@@ -75,6 +75,11 @@ ATTR_MATCH_MAMBA_HOST_STATES = "kv_cache.match.mamba_host_states"
 ATTR_MATCH_BEST_NODE_ID = "kv_cache.match.best_node.id"
 ATTR_INSERT_PREFIX_TOKENS = "kv_cache.insert.prefix_tokens"
 ATTR_INSERT_NEW_TOKENS = "kv_cache.insert.new_tokens"
+# branching points (``MatchResult.branch_len``): where FULL's match reaches past SWA / MAMBA's,
+# and the node an insert ended there, keeping the SWA window / MAMBA state behind it
+ATTR_MATCH_BRANCH_TOKENS = "kv_cache.match.branch_tokens"
+ATTR_INSERT_BRANCH_TOKENS = "kv_cache.insert.branch_tokens"
+ATTR_INSERT_BRANCH_NODE_ID = "kv_cache.insert.branch_node.id"
 ATTR_LOCK_RECEIPT_ID = "kv_cache.lock.receipt_id"
 ATTR_LOCK_OWNER = "kv_cache.lock.owner"
 ATTR_REQUESTED_TOKENS = "kv_cache.requested_tokens"
@@ -114,6 +119,8 @@ OP_ATTRIBUTES: dict[str, str] = {
     ev.A_ENQUEUED_BY: ATTR_TRANSFER_ENQUEUED_BY,
     ev.A_EXTRA_KEY: ATTR_EXTRA_KEY,
     ev.A_COMPONENT: ATTR_COMPONENT,
+    ev.A_BRANCH: ATTR_MATCH_BRANCH_TOKENS,
+    ev.A_BRANCH_NODE: ATTR_INSERT_BRANCH_NODE_ID,
 }
 # The hand-back op record's keys (``cache/events.py`` A_PREFETCH_*; mapped once the cache has them)
 _PREFETCH_RECORD_KEYS = (("A_PREFETCH_REASON", "ATTR_PREFETCH_REASON"),
@@ -128,6 +135,7 @@ _PREFETCH_RECORD_KEYS = (("A_PREFETCH_REASON", "ATTR_PREFETCH_REASON"),
 OP_ATTRIBUTE_OVERRIDES: dict[tuple[str, str], str] = {
     (ev.OP_LOAD_BACK, ev.A_FREED): ATTR_LOAD_BACK_LOADED_PREFIX,
     (ev.OP_TRANSFER, ev.A_FREED): ATTR_TRANSFER_SLOTS_PREFIX,
+    (ev.OP_INSERT, ev.A_BRANCH): ATTR_INSERT_BRANCH_TOKENS,
 }
 # mapped names that are namespaces: a per-component dict becomes ``<name>.<component>``
 DICT_ATTRIBUTES = frozenset({ATTR_EVICT_FREED_PREFIX, ATTR_LOAD_BACK_LOADED_PREFIX,

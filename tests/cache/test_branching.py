@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
+from radixscope.cache import events as ev
+from radixscope.cache.events import FlightRecorder, named_op
 from radixscope.cache.tiers import Tier
+from radixscope.telemetry.store.span_attrs import span_attributes
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config, state_for
 
 PROMPT = list(range(100, 112))  # 12 tokens shared by every conversation
@@ -191,3 +194,28 @@ def test_a_branching_point_without_mamba_is_refused_for_a_state():
     with pytest.raises(ValueError, match="mamba_branch_slot given but the 'mamba' component"):
         c.insert(key, c.alloc(len(key)), swa_indices=c.alloc(len(key), component="swa"),
                  branch_len=12, mamba_branch_slot=torch.tensor([0]))
+
+
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_branching_points_are_on_the_match_and_insert_records(components):
+    """The match op records the point it reported and the insert op the point it was given and
+    the node ending there (span attributes ``kv_cache.match.branch_tokens``,
+    ``kv_cache.insert.branch_tokens`` / ``.branch_node.id``): 0 / None where there is none."""
+    rec = FlightRecorder()
+    c = HiRadixCache(make_config(components, device_tokens=128, host_tokens=0,
+                                 sliding_window=4, mamba_slots=16), recorder=rec)
+    d = Driver(c)
+    d.insert(conv(0), req_id="a", branching=True)
+    res = d.insert(conv(1), req_id="b", branching=True)
+    ops, _ = rec.tail()
+    match_b = [o.attrs for o in ops if o.op == ev.OP_MATCH and o.req_id == "b"][0]
+    ins = {o.req_id: o.attrs for o in ops if o.op == ev.OP_INSERT}
+    point = len(PROMPT) if len(components) > 1 else 0
+    assert match_b[ev.A_BRANCH] == point
+    assert (ins["b"][ev.A_BRANCH], ins["b"][ev.A_BRANCH_NODE]) == (point, res.branch_node)
+    assert (res.branch_node is None) == (point == 0)
+    assert (ins["a"][ev.A_BRANCH], ins["a"][ev.A_BRANCH_NODE]) == (0, None)
+    spans = span_attributes(named_op(next(o for o in rec.ops if o[1] == ev.OP_INSERT
+                                          and o[4] == "b")))
+    assert spans.get("kv_cache.insert.branch_tokens") == (point or None)  # 0: left out
+    assert spans.get("kv_cache.insert.branch_node.id") == res.branch_node

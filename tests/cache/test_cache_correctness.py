@@ -194,3 +194,27 @@ def test_insert_resumes_where_its_guard_walk_stopped(prev):
     assert torch.equal(c.tree.nodes[3].data[0].values[Tier.DEVICE], fresh[16 - prev:])
     assert torch.equal(c.match_prefix(key).device_indices[:16], tree_slots)
     c.check()
+
+
+@pytest.mark.parametrize("retaken", [False, True])
+def test_check_flags_a_transfer_whose_slots_were_freed_or_freed_and_taken_again(retaken):
+    """A backup still writes its host slots; a faulty eviction frees them under it (SGLang
+    issue #19126). ``check()`` reports the free slots, and, once another node has taken them
+    again (no slot is free any more, so a look at the allocator alone finds nothing), that
+    node."""
+    c, t = _with_backup()
+    node = c.node(c.transfers[t].anchor)
+    dst = node.data[0].values[Tier.HOST]
+    assert c.violations() == []
+    c.set_value(node, 0, Tier.HOST, None)  # what the faulty eviction does, host refs ignored
+    c.free_slots(0, Tier.HOST, dst)
+    freed = {(n, d) for n, _i, d in c.violations() if n == "transfer.slot_freed"}
+    assert freed == {("transfer.slot_freed", f"backup {t} still writes full/host slots "
+                      f"{sorted(dst.tolist())[:8]}, which are free")}
+    if retaken:
+        r = Driver(c).insert([9, 8, 7, 6])  # its backup takes the freed host slots again
+        other = c.node(r.last_node)
+        assert sorted(other.data[0].values[Tier.HOST].tolist()) == sorted(dst.tolist())
+        details = [d for n, _i, d in c.violations() if n == "transfer.slot_freed"]
+        assert details == [f"backup {t} still writes full/host slots {sorted(dst.tolist())[:8]}, "
+                           f"freed and taken again by node(s) [{other.id}]"]

@@ -49,7 +49,7 @@ def test_hot_ops_record_tuples_in_op_fields_order_and_name_back() -> None:
         assert type(o[8]) is tuple, o
         fields = OP_FIELDS[o[1]]
         # a match without a prefetch leaves out its three prefetch fields
-        assert len(o[8]) == (8 if o[1] == ev.OP_MATCH else len(fields))
+        assert len(o[8]) == (9 if o[1] == ev.OP_MATCH else len(fields))
         named = named_op(o)
         assert list(named.attrs) == list(fields[:len(o[8])])
         assert named.attrs == attrs_dict(o[1], o[8])
@@ -59,12 +59,13 @@ def test_hot_ops_record_tuples_in_op_fields_order_and_name_back() -> None:
         by_op.setdefault(op.op, []).append(op.attrs)
     ins = out["insert"]
     assert by_op[ev.OP_INSERT][0] == {ev.A_KEY_TOKENS: 32, ev.A_PREFIX_LEN: 0,
-                                      ev.A_NEW_TOKENS: 32, ev.A_NODE: ins.last_node}
+                                      ev.A_NEW_TOKENS: 32, ev.A_NODE: ins.last_node,
+                                      ev.A_BRANCH: 0, ev.A_BRANCH_NODE: None}
     m = out["match"]
     assert by_op[ev.OP_MATCH][0] == {
         ev.A_KEY_TOKENS: 33, ev.A_DEVICE_TOKENS: 32, ev.A_HOST_TOKENS: 0,
         ev.A_SWA_HOST_TOKENS: 0, ev.A_MAMBA_HOST: 0, ev.A_NODE: m.last_device_node,
-        ev.A_BEST_NODE: m.best_match_node, ev.A_EXTRA_KEY: None}
+        ev.A_BEST_NODE: m.best_match_node, ev.A_EXTRA_KEY: None, ev.A_BRANCH: 0}
     lk = out["lock"]
     assert by_op[ev.OP_LOCK][0] == {ev.A_RECEIPT: lk.receipt_id, ev.A_NODE: lk.anchor,
                                     ev.A_OWNER: "r2", ev.A_NODES: 0}
@@ -88,7 +89,7 @@ def test_attrs_dict_passes_dicts_and_names_unknown_ops_by_position() -> None:
     assert attrs_dict(ev.OP_TRANSFER, d) is d
     assert attrs_dict(ev.OP_MATCH, None) == {} and attrs_dict(ev.OP_MATCH, ()) == {}
     assert attrs_dict("no-such-op", (7, "x")) == {"0": 7, "1": "x"}
-    full = tuple(range(11))
+    full = tuple(range(12))
     assert attrs_dict(ev.OP_MATCH, full) == dict(zip(OP_FIELDS[ev.OP_MATCH], full, strict=True))
 
 
@@ -98,7 +99,7 @@ def test_every_tuple_op_has_its_fields() -> None:
     assert set(OP_ATTRS) - {ev.OP_PREFETCH} == set(OP_FIELDS)
 
 
-def test_a_match_that_asks_a_prefetch_records_all_eleven_fields(tmp_path) -> None:
+def test_a_match_that_asks_a_prefetch_records_all_twelve_fields(tmp_path) -> None:
     toks = list(range(1, 65))
     write_store(tmp_path, toks)
     rec = FlightRecorder()
@@ -106,7 +107,7 @@ def test_a_match_that_asks_a_prefetch_records_all_eleven_fields(tmp_path) -> Non
     m = c.match_prefix(toks, req_id="r1", prefetch=True)
     wait_prefetch(c, "r1")
     raw = [o for o in rec.ops if o[1] == ev.OP_MATCH][-1]
-    assert len(raw[8]) == len(OP_FIELDS[ev.OP_MATCH]) == 11
+    assert len(raw[8]) == len(OP_FIELDS[ev.OP_MATCH]) == 12
     a = named_op(raw).attrs
     assert list(a) == list(OP_FIELDS[ev.OP_MATCH])
     assert a[ev.A_PREFETCH_STATUS] == m.prefetch_status == "started"

@@ -194,3 +194,33 @@ def test_the_key_is_found_without_tokens(tmp_path):
     with pytest.raises(ValueError, match="tokens has 3 entries but request 'r2' matched a key "
                                          "of 10 tokens"):
         explain_miss(r, "r2", tokens=A[:3])
+
+
+@pytest.mark.parametrize("components", [("full", "swa"), ("full", "mamba")])
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_branching_point_says_whether_the_request_filled_it_in(tmp_path, components, fill):
+    """Two conversations over one 12-token prompt: the second's match stops short of the
+    prompt (no window / state at its end) and reports a branching point at 12. The explanation
+    names the insert that filled it in, or says no insert did (an engine that drops
+    ``branch_len``), and what that costs the next request."""
+    prompt = list(range(100, 112))
+    c, d = cache(components=components, device_tokens=128, host_tokens=0, sliding_window=4,
+                 mamba_slots=16)
+    d.insert(prompt + [1, 2, 3, 4], req_id="a", branching=fill)
+    res = d.insert(prompt + [5, 6, 7, 8], req_id="b", branching=fill)
+    x = explain(c, tmp_path, "b", tokens=prompt + [5, 6, 7, 8])
+    assert (x.device_len, x.branch_len) == (0, 12)
+    ins = [o for o in c.recorder.tail()[0] if o.op == "insert" and o.req_id == "b"][0]
+    if fill:
+        assert (x.branch_filled_by, x.branch_node) == (ins.op_id, res.branch_node)
+        assert x.text().endswith(f"insert op {ins.op_id} kept the SWA window / MAMBA state "
+                                 f"there (node {res.branch_node})")
+    else:
+        assert (x.branch_filled_by, x.branch_node) == (None, None)
+        assert "no later insert of this request filled it in" in x.text()
+    d.insert(prompt + [9, 9, 9, 9], req_id="c", branching=fill)
+    xc = explain(c, tmp_path, "c", tokens=prompt + [9, 9, 9, 9])
+    assert xc.device_len == (12 if fill else 0)
+    assert xc.branch_len == (0 if fill else 12)
+    r = load_bundle(write_bundle(c, tmp_path / "t.db"))
+    assert explain_requests(r, ["b", "c"])["branch_len"].tolist() == [12, 0 if fill else 12]

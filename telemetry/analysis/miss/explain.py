@@ -78,7 +78,11 @@ class MissExplanation:
     ``device_len``: tokens the match gave on device (as recorded); ``host_len``: the prefix it
     gave on device-or-host (the load-back anchor's); ``full_len``: tokens FULL alone holds on
     either tier. ``consistent`` is False when re-running the match on the rebuilt tree does not
-    give the recorded device length (a journal gap, or a bug).
+    give the recorded device length (a journal gap, or a bug). ``branch_len``: the branching
+    point the match reported (FULL matched past what SWA / MAMBA accept; 0: none);
+    ``branch_filled_by`` / ``branch_node``: the request's later insert that passed it and the
+    node it ended there (None: no insert of the request filled it in, so the next request over
+    this prefix stops short at the same place).
     """
 
     req_id: str
@@ -92,6 +96,9 @@ class MissExplanation:
     tokens_source: str
     consistent: bool
     reasons: tuple[Reason, ...]
+    branch_len: int = 0
+    branch_filled_by: int | None = None
+    branch_node: int | None = None
 
     @property
     def hit(self) -> bool:
@@ -108,10 +115,22 @@ class MissExplanation:
         if self.hit:
             return head + ": a full hit."
         lines = [head + ":"] + [f"  - [{r.component}/{r.tier}] {r.text}" for r in self.reasons]
+        if self.branch_len:
+            lines.append(self._branch_text())
         if not self.consistent:
             lines.append("  ! re-running the match on the rebuilt tree does not give the "
                          "recorded device length: the journal may have a gap")
         return "\n".join(lines)
+
+    def _branch_text(self) -> str:
+        head = (f"  branching point at {self.branch_len} tokens (FULL matched past what SWA / "
+                "MAMBA accept): ")
+        if self.branch_filled_by is None:
+            return head + ("no later insert of this request filled it in (pass "
+                           "MatchResult.branch_len to insert); the next request over this "
+                           "prefix stops short here again")
+        return head + (f"insert op {self.branch_filled_by} kept the SWA window / MAMBA state "
+                       f"there (node {self.branch_node})")
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([{"code": r.code, "component": r.component, "tier": r.tier,
@@ -166,13 +185,30 @@ def explain_miss(source, req_id: str, *, tokens: Sequence[int] | None = None,
     found = why.reasons()
     if int(attrs[ev.A_DEVICE_TOKENS]) < k_len:
         found += storage_reasons(ops, req_id, int(row["op_id"]))
+    branch = int(attrs.get(ev.A_BRANCH) or 0)
+    filled_by, branch_node = _branch_fill(ops, req_id, int(row["op_id"]), branch)
     return MissExplanation(
         req_id=req_id, op_id=int(row["op_id"]), seq=int(row["seq_first"]), extra_key=ns,
         key_len=k_len, device_len=int(attrs[ev.A_DEVICE_TOKENS]),
         host_len=why.length(why.comb_host),
         full_len=why.length(why.full_host), tokens_source=src,
         consistent=why.length(why.comb_dev) == int(attrs[ev.A_DEVICE_TOKENS]),
-        reasons=tuple(Reason(**r) for r in found))
+        reasons=tuple(Reason(**r) for r in found), branch_len=branch,
+        branch_filled_by=filled_by, branch_node=branch_node)
+
+
+def _branch_fill(ops: pd.DataFrame, req_id: str, match_op: int,
+                 branch: int) -> tuple[int | None, int | None]:
+    """The first insert of ``req_id`` after op ``match_op`` that filled in the branching point
+    ``branch`` (its op id and branch node), or (None, None)."""
+    if not branch:
+        return None, None
+    ins = ops[(ops["op"] == ev.OP_INSERT) & (ops["req_id"] == req_id)
+              & (ops["op_id"] > match_op)]
+    for op_id, a in zip(ins["op_id"], ins["attrs"], strict=True):
+        if a.get(ev.A_BRANCH) == branch and a.get(ev.A_BRANCH_NODE) is not None:
+            return int(op_id), int(a[ev.A_BRANCH_NODE])
+    return None, None
 
 
 def explain_requests(source, req_ids: Sequence[str] | None = None) -> pd.DataFrame:
@@ -187,15 +223,17 @@ def explain_requests(source, req_ids: Sequence[str] | None = None) -> pd.DataFra
             x = explain_miss(source, rid)
         except ValueError as e:
             rows.append({"req_id": rid, "op_id": None, "key_len": None, "device_len": None,
-                         "host_len": None, "reasons": "", "text": f"not explained: {e}"})
+                         "host_len": None, "branch_len": None, "reasons": "",
+                         "text": f"not explained: {e}"})
             continue
         rows.append({"req_id": rid, "op_id": x.op_id, "key_len": x.key_len,
                      "device_len": x.device_len, "host_len": x.host_len,
+                     "branch_len": x.branch_len,
                      "reasons": ", ".join(f"{c}({comp}/{t})" for c, comp, t in x.codes()),
                      "text": x.text()})
     df = pd.DataFrame(rows, columns=["req_id", "op_id", "key_len", "device_len", "host_len",
-                                     "reasons", "text"])
-    for c in ("op_id", "key_len", "device_len", "host_len"):
+                                     "branch_len", "reasons", "text"])
+    for c in ("op_id", "key_len", "device_len", "host_len", "branch_len"):
         df[c] = df[c].astype("Int64")
     return df
 
