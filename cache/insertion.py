@@ -68,16 +68,16 @@ class Insertion(CacheCore):
             swa = self._check_indices(swa_indices, raw_len, "swa_indices", None)
         elif swa_indices is not None:
             raise ValueError(f"swa_indices given but the {WINDOW!r} component is not configured")
-        for name, slot in (("mamba_slot", mamba_slot), ("mamba_branch_slot", mamba_branch_slot)):
-            if slot is not None and STATE not in self.ci:
-                raise ValueError(f"{name} given but the {STATE!r} component is not configured")
+        if (mamba_slot is not None or mamba_branch_slot is not None) and STATE not in self.ci:
+            name = "mamba_slot" if mamba_slot is not None else "mamba_branch_slot"
+            raise ValueError(f"{name} given but the {STATE!r} component is not configured")
         if mamba_slot is not None:
             mamba_slot = self._check_indices(mamba_slot, 1, "mamba_slot", None)
         for name, v in (("prev_prefix_len", prev_prefix_len), ("swa_evicted_len", swa_evicted_len),
                         ("branch_len", branch_len)):
             if type(v) is not int and (isinstance(v, bool) or not isinstance(v, int)) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
-            if name != "prev_prefix_len" and v % self.page_size:
+            if v and name != "prev_prefix_len" and v % self.page_size:
                 raise ValueError(f"{name}={v} must be page-aligned (page_size={self.page_size})")
         if branch_len and not prev_prefix_len < branch_len <= len(tokens):
             raise ValueError(f"branch_len={branch_len} must be 0 or past prev_prefix_len="
@@ -155,7 +155,9 @@ class Insertion(CacheCore):
             if off == branch:
                 branch_node = child
         prefix_len = off
-        if off < n:  # new leaves, cut at the same points
+        if off < n and si is None and not off < branch < n:  # FULL alone, one new leaf
+            node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, None, None)
+        elif off < n:  # new leaves, cut at the same points
             for end in (*sorted({c for c in (keep_lo, branch, heal_from) if off < c < n}), n):
                 keep = si is not None and (off >= heal_from or keep_lo <= off and end <= branch)
                 node = self._new_leaf_with(node, tokens[off:end], extra_key, idx, off,
