@@ -57,6 +57,7 @@ class Admitter:
         self.budget_violations: list[BudgetViolation] = []
         self.admitted = 0
         self.refusals = 0
+        self.branch_points = 0  # admissions whose match reported a branching point
         self.verified = 0  # reused prefixes checked against the model
         self.verified_tokens = 0
         # with an L3 tier, admission's match reports what a finished prefetch brought
@@ -193,6 +194,7 @@ class Admitter:
         seq.swa_evicted_len = 0
         seq.mamba_slot = slot
         seq.branch_len = m.branch_len if m.branch_len > prefix else 0
+        self.branch_points += seq.branch_len > 0
         seq.host_hit = loaded.get(BACKBONE, 0)
         seq.storage_hit = min(m.storage_hit_length, seq.host_hit)
         seq.device_hit = prefix - seq.host_hit

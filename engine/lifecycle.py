@@ -80,6 +80,9 @@ class Driver:
         self.mamba = STATE in cfg.components
         self.window = cfg.sliding_window
         self._kv = (BACKBONE, WINDOW) if self.swa else (BACKBONE,)  # also the Sequence attributes
+        # branching points filled in by a checkpoint's insert, and MAMBA states kept there
+        self.branches_filled = 0
+        self.branch_states = 0
 
     def future(self, seq: Sequence) -> dict[str, int]:
         """Slots ``seq`` will still allocate per KV component (FULL: the rest of its prompt and
@@ -244,6 +247,9 @@ class Driver:
             at = c.alloc(1, component=STATE, req_id=seq.rid)
             self.model.write_state(c, at, seq.hashes[branch - 1])
         res = self._insert(seq, fork, branch, at)
+        if branch and res.branch_node is not None:
+            self.branches_filled += 1
+            self.branch_states += at is not None and not res.mamba_branch_exist
         new = c.lock(res.last_node, owner=seq.rid, req_id=seq.rid)
         if seq.receipt is not None:
             c.unlock(seq.receipt, req_id=seq.rid)

@@ -77,6 +77,11 @@ class Summary:
     storage: str | None = None      # the L3 backend spec
     storage_line: str = ""          # what L3 did: pages written / failed, prefetches
     kernels: str = native.KERNELS   # the cache's hot-path kernels: "native" or "python"
+    # branching points (hybrids): admissions whose match reported one; filled in by an insert;
+    # MAMBA states kept there
+    branch_points: int = 0
+    branches_filled: int = 0
+    branch_states: int = 0
 
     @property
     def requests_per_s(self) -> float:
@@ -132,7 +137,8 @@ def summarize(result: RunResult) -> Summary:
         budget_violations=len(d.budget_violations), checked=result.spec.check_invariants,
         error=result.error, error_kind=result.error_kind, store=result.store,
         bundles=tuple(str(p) for p in result.bundles), storage=result.spec.storage,
-        storage_line=_storage_line(result))
+        storage_line=_storage_line(result), branch_points=d.branch_points,
+        branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states)
 
 
 def _storage_line(result: RunResult) -> str:
@@ -166,6 +172,11 @@ def format_summary(s: Summary) -> str:
         lines.append(f"               {h.component:<9}{h.looked_up:>10,} {h.unit:<6}"
                      f"{h.pct(h.device):>6.1f}%{h.pct(h.host):>11.1f}%{h.pct(h.miss):>11.1f}%"
                      + l3)
+    if len(s.components) > 1:  # a hybrid: where FULL's match reached past SWA / MAMBA's
+        lines.append(f"  branching    {s.branch_points:,} points reported, "
+                     f"{s.branches_filled:,} filled in"
+                     + (f" ({s.branch_states:,} MAMBA states kept)" if STATE in s.components
+                        else ""))
     ev_parts = [f"{c}/{t} {n:,} ({slots:,} {rules(c).unit})"
                 for c, t, n, slots in s.evictions if n]
     lines.append("  evictions    " + (", ".join(ev_parts) if ev_parts else "none"))

@@ -43,7 +43,8 @@ def test_run_prints_the_summary(run_dir):
                      "write_through"
     assert out[1].startswith("  requests     20 finished, 0 rejected of 20; ")
     labels = [line[2:15].strip() for line in out if line.startswith("  ") and line[2] != " "]
-    assert labels == ["requests", "time", "hit rate", "evictions", "backups", "load-backs",
+    assert labels == ["requests", "time", "hit rate", "branching", "evictions", "backups",
+                      "load-backs",
                       "op latency", "content", "budget", "invariants", "store"]
     assert "  invariants   ok (check() after every step)" in out
     assert [line.split()[0] for line in out[4:7]] == ["full", "swa", "mamba"]
