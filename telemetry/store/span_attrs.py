@@ -57,7 +57,7 @@ def op_attributes(op_id: int, op: str, seq_first: int, seq_last: int, req_id: ob
     if req_id is not None:
         out[n.ATTR_REQUEST_ID] = str(req_id)
     for key, value in attrs.items():
-        if value is None or (value == 0 and key in _ZERO_IS_NONE):
+        if value is None or (key in _ZERO_IS_NONE and value == 0):
             continue
         name = n.attribute_name(op, key)
         per_comp = _as_mapping(value)
