@@ -104,7 +104,8 @@ A_TRANSFER = "transfer"
 A_TRANSFER_KIND = "transfer_kind"
 A_ENQUEUED_BY = "enqueued_by"
 A_EXTRA_KEY = "extra_key"
-A_BRANCH = "branch_len"  # match: the branching point reported; insert: the one filled in
+A_BRANCH = "branch_len"  # match: the branching point reported; insert: the one filled in;
+# None where there is none (``MatchResult.branch_len`` 0)
 A_BRANCH_NODE = "branch_node"  # insert: the node ending at the branching point
 A_COMPONENT = "component"
 # L3: a store transfer's failed pages; a prefetch's hand-back (reasons: prefetch_events.R_*,

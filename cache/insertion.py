@@ -18,6 +18,12 @@ from radixscope.cache.tiers import DEVICE
 from radixscope.cache.tree import Node
 
 
+def _keeps_swa(off: int, end: int, heal_from: int, keep_lo: int, branch: int) -> bool:
+    """Whether tokens ``[off, end)`` of the key keep SWA: inside the key's last window (from
+    ``heal_from``) or inside the window behind the branching point (``[keep_lo, branch)``)."""
+    return off >= heal_from or keep_lo <= off and end <= branch
+
+
 def _owned(part) -> tuple[torch.Tensor, object]:
     """A node's own copy of a slice of the caller's slots (a numpy slice), and that copy as
     numpy (``set_value``'s ``pages``)."""
@@ -159,7 +165,7 @@ class Insertion(CacheCore):
             node = self._new_leaf_with(node, tokens[off:], extra_key, idx, off, None, None)
         elif off < n:  # new leaves, cut at the same points
             for end in (*sorted({c for c in (keep_lo, branch, heal_from) if off < c < n}), n):
-                keep = si is not None and (off >= heal_from or keep_lo <= off and end <= branch)
+                keep = si is not None and _keeps_swa(off, end, heal_from, keep_lo, branch)
                 node = self._new_leaf_with(node, tokens[off:end], extra_key, idx, off,
                                            swa if keep else None, si)
                 lo = max(off, swa_from)
@@ -226,8 +232,7 @@ class Insertion(CacheCore):
         lo = max(off, swa_from)
         if lo >= end:
             return
-        if (s.values[DEVICE] is None and lo == off and (off >= heal_from or keep_lo <= off
-                                                         and end <= branch)
+        if (s.values[DEVICE] is None and lo == off and _keeps_swa(off, end, heal_from, keep_lo, branch)
                 and node.data[0].values[DEVICE] is not None):
             self.set_value(node, si, DEVICE, *_owned(swa[off:end]))  # heal the tombstone
         else:

@@ -16,16 +16,18 @@ def _match(cache, out, args) -> tuple:
     if out.prefetch_status == "off":
         return (out.key_len, out.device_prefix_len, out.host_hit_length, out.swa_host_hit_length,
                 out.mamba_host_hit_length, out.last_device_node, out.best_match_node,
-                out.extra_key, out.branch_len)
+                out.extra_key, out.branch_len or None)
     return (out.key_len, out.device_prefix_len, out.host_hit_length, out.swa_host_hit_length,
             out.mamba_host_hit_length, out.last_device_node, out.best_match_node, out.extra_key,
-            out.branch_len, out.prefetch_status, out.prefetch_tokens, out.storage_hit_length)
+            out.branch_len or None, out.prefetch_status, out.prefetch_tokens, out.storage_hit_length)
 
 
 def _insert(cache, out, args) -> tuple:
     # args: _insert_walk's (tokens, extra_key, idx, swa, mamba_slot, prev, swa_evicted_len,
-    # start, branch_len, mamba_branch_slot)
-    return (out.key_len, out.prefix_len, out.new_tokens, out.last_node, args[8], out.branch_node)
+    # start, branch_len, mamba_branch_slot); no branching point is recorded as None, as spans
+    # and the UI leave out
+    return (out.key_len, out.prefix_len, out.new_tokens, out.last_node, args[8] or None,
+            out.branch_node)
 
 
 def _lock(cache, out, args) -> tuple:

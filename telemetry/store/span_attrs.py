@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from radixscope.cache import events as ev
 from radixscope.telemetry import names as n
 
 _SCALARS = (bool, int, float, str)
@@ -28,9 +27,6 @@ class OpFields(Protocol):
     error: str | None
 
 
-_ZERO_IS_NONE = frozenset({ev.A_BRANCH})
-
-
 def span_attributes(op: OpFields) -> dict[str, Any]:
     """The attributes of an op's span: the fixed ones plus the op record's ``attrs`` mapped
     through ``names.attribute_name`` (a per-component dict becomes one attribute per component).
@@ -39,8 +35,7 @@ def span_attributes(op: OpFields) -> dict[str, Any]:
         op: the op record (a ``CompactOp``, or anything with its fields).
 
     Returns:
-        A dict of OTel-valid attribute values (None values are left out, and a branching
-        point of 0: there is none, as on every op of a FULL-only cache).
+        A dict of OTel-valid attribute values (None values are left out).
     """
     return op_attributes(op.op_id, op.op, op.seq_first, op.seq_last, op.req_id, op.attrs,
                          op.error)
@@ -57,7 +52,7 @@ def op_attributes(op_id: int, op: str, seq_first: int, seq_last: int, req_id: ob
     if req_id is not None:
         out[n.ATTR_REQUEST_ID] = str(req_id)
     for key, value in attrs.items():
-        if value is None or (key in _ZERO_IS_NONE and value == 0):
+        if value is None:
             continue
         name = n.attribute_name(op, key)
         per_comp = _as_mapping(value)

@@ -60,12 +60,12 @@ def test_hot_ops_record_tuples_in_op_fields_order_and_name_back() -> None:
     ins = out["insert"]
     assert by_op[ev.OP_INSERT][0] == {ev.A_KEY_TOKENS: 32, ev.A_PREFIX_LEN: 0,
                                       ev.A_NEW_TOKENS: 32, ev.A_NODE: ins.last_node,
-                                      ev.A_BRANCH: 0, ev.A_BRANCH_NODE: None}
+                                      ev.A_BRANCH: None, ev.A_BRANCH_NODE: None}
     m = out["match"]
     assert by_op[ev.OP_MATCH][0] == {
         ev.A_KEY_TOKENS: 33, ev.A_DEVICE_TOKENS: 32, ev.A_HOST_TOKENS: 0,
         ev.A_SWA_HOST_TOKENS: 0, ev.A_MAMBA_HOST: 0, ev.A_NODE: m.last_device_node,
-        ev.A_BEST_NODE: m.best_match_node, ev.A_EXTRA_KEY: None, ev.A_BRANCH: 0}
+        ev.A_BEST_NODE: m.best_match_node, ev.A_EXTRA_KEY: None, ev.A_BRANCH: None}
     lk = out["lock"]
     assert by_op[ev.OP_LOCK][0] == {ev.A_RECEIPT: lk.receipt_id, ev.A_NODE: lk.anchor,
                                     ev.A_OWNER: "r2", ev.A_NODES: 0}

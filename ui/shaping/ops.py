@@ -58,8 +58,7 @@ def _details(attrs: object) -> str:
     if not isinstance(attrs, dict):
         return ""
     return ", ".join(f"{k}={v}" for k, v in attrs.items()
-                     if k not in _DETAIL_SKIP and v is not None
-                     and not (k == ev.A_BRANCH and v == 0))  # shown only where there is one
+                     if k not in _DETAIL_SKIP and v is not None)
 
 
 def ops_touching(mutations: pd.DataFrame, node: int) -> set[int]:
