@@ -93,7 +93,7 @@ class Eviction(CacheCore):
                 raise
             finally:
                 for leaf in skipped:
-                    self.refile_leaf(leaf, DEVICE)
+                    self.refresh_leaf(leaf)  # still a leaf: filed again
             return acc.result(num)
         lru = self.lru[ci][DEVICE]
         while acc.freed[ci] < num:

@@ -167,12 +167,11 @@ class Invariants:
                         v.append((f"{comp.name}.{tier.label}_lru", None,
                                   f"missing {sorted(lru_members[ci][tier] - have)[:8]}, "
                                   f"extra {sorted(have - lru_members[ci][tier])[:8]}"))
-        if self.d_leaves != d_leaves:
-            v.append(("full.device_leaves", None, f"missing {sorted(d_leaves - self.d_leaves)[:8]}, "
-                      f"extra {sorted(self.d_leaves - d_leaves)[:8]}"))
-        if self.h_leaves != h_leaves:
-            v.append(("full.host_leaves", None, f"missing {sorted(h_leaves - self.h_leaves)[:8]}, "
-                      f"extra {sorted(self.h_leaves - h_leaves)[:8]}"))
+        for rule, filed, want in (("full.device_leaves", set(self.d_leaves), d_leaves),
+                                  ("full.host_leaves", set(self.h_leaves), h_leaves)):
+            if filed != want:
+                v.append((rule, None, f"missing {sorted(want - filed)[:8]}, "
+                                      f"extra {sorted(filed - want)[:8]}"))
         v.extend(self.leaf_heap_violations(self.comps[0].name))
         self._check_transfers(v)
         if self.storage is not None:

@@ -297,7 +297,7 @@ class CacheCore(Pins, LeafSets, Recording):
         t = self._tick
         path = []
         cur = node
-        while cur.parent is not None:  # leaf heaps re-file lazily (``pop_leaf``)
+        while cur.parent is not None:  # leaf heaps re-file when popped (``pop_leaf``)
             path.append(cur)
             cur.last_access = t
             cur.hit_count += 1

@@ -32,7 +32,7 @@ class ComponentData:
 
 class Node:
     __slots__ = ("id", "parent", "children", "key", "extra_key", "last_access", "hit_count",
-                 "data", "device_children", "in_heap")
+                 "data", "device_children")
 
     def __init__(self, node_id: int, parent: Node | None, key: array, extra_key: object,
                  n_components: int) -> None:
@@ -46,7 +46,6 @@ class Node:
         self.data = [ComponentData() for _ in range(n_components)]
         # children whose FULL (component 0) has a device value: D-leaf test in O(1)
         self.device_children = 0
-        self.in_heap = 0  # bit 1 << tier: that tier's evictable-leaf heap holds an entry for it
 
     @property
     def is_root(self) -> bool:

@@ -1,24 +1,47 @@
-"""The evictable-leaf heaps: exact LRU victims and a heap that does not grow with touches.
+"""The evictable-leaf heaps: exact LRU victims, one entry per leaf, none for anything else.
 
-Recency never pushes heap entries (``touch`` only raises ``last_access``); ``pop_leaf`` re-files
-a touched entry when it surfaces. These tests drive requests with many touches of the same
-leaves and check every victim against a scan of the leaf set, and the heap's size against the
-set's.
+A tier's ``LeafHeap`` is its leaf set and its LRU order at once (``cache/_leafheap.c``, and
+``PyLeafHeap`` where that is not built). Recency never files (``touch`` only raises
+``last_access``); ``pop_lru`` moves a touched entry to its node's tick when it surfaces. A node
+that stops being a leaf leaves the heap at once, so eviction never meets its entry. These tests
+run the cache on both versions, check every victim against a scan of the leaf set, and hold
+the two versions to each other and to a model on random operations (random seeds in the long
+fuzz profile).
 """
 
 from __future__ import annotations
 
-import heapq
+import os
 import random
 
 import pytest
 import torch
 
-from radixscope.cache import HiRadixCache
+from radixscope.cache import HiRadixCache, leaves
 from radixscope.cache.errors import InvariantViolation
-from radixscope.cache.leaves import entry_id, heap_entry
+from radixscope.cache.leaves import PyLeafHeap
 from radixscope.cache.tiers import DEVICE, HOST
 from tests.kits.cachekit import make_config
+
+LONG = os.environ.get("RADIXSCOPE_FUZZ") == "long"
+SEEDS = [random.randrange(2**32) for _ in range(100)] if LONG else list(range(12))
+IMPLS = ["native", "python"]
+
+
+def _impl(name: str) -> type:
+    if name == "python":
+        return PyLeafHeap
+    if leaves.LEAF_HEAP != "native":
+        pytest.skip("the native leaf heap was not built")
+    return leaves.LeafHeap
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request, monkeypatch) -> type:
+    """Caches made in the test run on this leaf heap."""
+    cls = _impl(request.param)
+    monkeypatch.setattr(leaves, "LeafHeap", cls)
+    return cls
 
 
 def _lru_by_scan(c: HiRadixCache, tier: int):
@@ -40,9 +63,19 @@ def _request(c: HiRadixCache, tokens: list[int], rid: str) -> None:
     c.unlock(r)
 
 
-def test_every_victim_is_the_lru_leaf_and_the_heap_stays_small() -> None:
+def test_the_cache_runs_on_the_native_leaf_heap_when_it_is_built() -> None:
+    from tests.kits.require import missing
+    if leaves._built is None:
+        missing("native", "the native leaf heap was not built")
+    assert leaves.LEAF_HEAP == "native" and leaves._built.ABI == leaves.ABI
+    c = HiRadixCache(make_config())
+    assert all(type(h) is leaves._built.LeafHeap for h in c.leaves)
+
+
+def test_every_victim_is_the_lru_leaf_and_the_heap_holds_only_leaves(impl) -> None:
     rng = random.Random(1234)
     c = HiRadixCache(make_config(device_tokens=512, host_tokens=0, write_policy="write_back"))
+    assert type(c.d_leaves) is impl
     prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 24))] for _ in range(40)]
     victims = 0
     for step in range(3000):
@@ -58,15 +91,16 @@ def test_every_victim_is_the_lru_leaf_and_the_heap_stays_small() -> None:
                 victims += 1
             continue
         _request(c, p + [rng.randrange(50, 99) for _ in range(rng.randrange(1, 6))], f"r{step}")
-        heap, live = c._heaps[DEVICE], c.leaves[DEVICE]
-        # one entry per node at most: the heap is bounded by the nodes, not by the touches
-        assert len(heap) <= len(c.tree.nodes), (len(heap), len(c.tree.nodes))
-        assert all(c.tree.nodes[i].in_heap & (1 << DEVICE) for i in live)
+        filed = c.d_leaves.items()
+        # one entry per leaf, none for internal or deleted nodes: eviction meets nothing stale
+        assert len(filed) == len(c.d_leaves) == len({i for i, _ in filed})
+        assert all(c.tree.nodes[i].data[0].values[DEVICE] is not None
+                   and c.tree.nodes[i].device_children == 0 for i, _ in filed)
     c.check()
     assert victims > 200
 
 
-def test_host_heap_victims_are_lru_after_touches() -> None:
+def test_host_heap_victims_are_lru_after_touches(impl) -> None:
     rng = random.Random(99)
     c = HiRadixCache(make_config(device_tokens=64, host_tokens=256))
     keys = [[k, *(rng.randrange(1, 9) for _ in range(7))] for k in range(1, 40)]
@@ -85,50 +119,53 @@ def test_host_heap_victims_are_lru_after_touches() -> None:
     c.check()
 
 
-def test_touches_do_not_grow_the_heap() -> None:
-    """Matches only raise recency: 2000 of them over the cached leaves add no heap entry (the
-    old scheme pushed one per touched leaf and rebuilt the heap in ``touch`` every few thousand
-    touches: an O(leaves) pause inside a match)."""
+def test_touches_file_nothing(impl) -> None:
+    """Matches only raise recency: 2000 of them over the cached leaves file no entry (the
+    entries keep their old ticks, at or below their nodes'), and the next victim is still the
+    LRU leaf."""
     rng = random.Random(7)
     c = HiRadixCache(make_config(device_tokens=4096, host_tokens=0))
     keys = [[k, *(rng.randrange(1, 9) for _ in range(15))] for k in range(1, 120)]
     for i, k in enumerate(keys):
         _request(c, k, f"a{i}")
-    before = len(c._heaps[DEVICE])
-    assert before >= len(c.leaves[DEVICE]) >= 100
+    before = dict(c.d_leaves.items())
+    assert len(before) >= 100
     for _ in range(2000):
         c.match_prefix(rng.choice(keys))
-    assert len(c._heaps[DEVICE]) == before
+    assert dict(c.d_leaves.items()) == before
+    if impl is PyLeafHeap:
+        assert len(c.d_leaves._heap) == len(before)
     want = _lru_by_scan(c, DEVICE)
     assert c.evict(1).evicted_nodes[0] == want[1]
     c.check()
 
 
-def test_check_reports_a_leaf_the_heap_lost_and_a_second_entry() -> None:
+def test_check_reports_a_lost_leaf_an_entry_past_its_tick_and_a_stranger(impl) -> None:
     c = HiRadixCache(make_config(device_tokens=256, host_tokens=0))
     for i in range(6):
         _request(c, [i + 1, *range(10, 20)], f"r{i}")
     c.check()
-    heap = c._heaps[DEVICE]
-    leaf = next(iter(c.leaves[DEVICE]))
-    kept = [e for e in heap if entry_id(e) != leaf]
-    heap[:] = kept
-    heapq.heapify(heap)
-    with pytest.raises(InvariantViolation, match="no heap entry"):
+    leaf = min(c.d_leaves)
+    tick = c.tree.nodes[leaf].last_access
+    c.d_leaves.discard(leaf)
+    with pytest.raises(InvariantViolation, match=rf"full.device_leaves.*missing \[{leaf}\]"):
         c.check()
-    heapq.heappush(heap, heap_entry(c.tree.nodes[leaf].last_access, leaf))
+    c.d_leaves.file(leaf, tick + 5)
+    with pytest.raises(InvariantViolation, match=rf"heap tick {tick + 5} past its last access"):
+        c.check()
+    c.d_leaves.file(leaf, tick)
     c.check()
-    heapq.heappush(heap, heap_entry(0, leaf))
-    with pytest.raises(InvariantViolation, match="2 heap entries"):
+    c.h_leaves.file(10**6, 0)
+    with pytest.raises(InvariantViolation, match="a node not in the tree has a heap entry"):
         c.check()
 
 
-def test_a_leaf_eviction_skips_stays_findable() -> None:
+def test_a_leaf_eviction_skips_stays_findable(impl) -> None:
     """An L3 prefetch host-pins its anchor's path, device-only nodes included; eviction pops
-    such a leaf and leaves it resident (a pinned node is never deleted). The popped entry must
-    go back: without it the leaf, still counted evictable, could never be evicted again (until
-    some match touched it), and an ``alloc`` trusting the evictable ledger ran out of memory.
-    Found by the long fuzz profile (full, page 1, write_through_selective, clean L3)."""
+    such a leaf and leaves it resident (a pinned node is never deleted). The popped leaf must
+    go back: without it the leaf, still counted evictable, could never be evicted again, and an
+    ``alloc`` trusting the evictable ledger ran out of memory. Found by the long fuzz profile
+    (full, page 1, write_through_selective, clean L3)."""
     c = HiRadixCache(make_config(device_tokens=64, host_tokens=0))
     _request(c, list(range(1, 33)), "a")
     _request(c, list(range(100, 132)), "b")
@@ -136,27 +173,26 @@ def test_a_leaf_eviction_skips_stays_findable() -> None:
     entry = c.acquire(leaf, HOST, {0: [leaf]}, "prefetch:p1")  # as a prefetch's anchor pin
     out = c.evict(64)
     assert leaf.id not in out.evicted_nodes and leaf.id in c.leaves[DEVICE]
-    c.check()  # every evictable leaf still has its heap entry
+    c.check()  # every evictable leaf is still filed
     c.release(c.locks[entry])
     assert c.evict(32).evicted_nodes == (leaf.id,)
     c.check()
 
 
-def test_a_compacted_heap_still_gives_lru_victims() -> None:
-    """Entries of nodes that left the set pile up (here: 1,100 leaves all locked at once) until
-    ``_compact_heaps`` rebuilds the heap from the set; the leaves filed again on unlock must
-    still come out in exact LRU order, and ``check()`` must hold throughout."""
+def test_leaves_locked_and_unlocked_in_bulk_come_out_in_lru_order(impl) -> None:
+    """1,100 leaves all locked at once leave the heap at once (the heapq scheme kept their
+    entries until eviction met them or a rebuild); unlocked in random order and some touched
+    again, they must come out in exact LRU order, and ``check()`` hold throughout."""
     c = HiRadixCache(make_config(device_tokens=4 * 1200, host_tokens=0))
     keys = [[k // 64 + 1, k % 64 + 1, 7, 7] for k in range(1100)]
     for i, k in enumerate(keys):
         _request(c, k, f"a{i}")
-    heap = c._heaps[DEVICE]
-    assert len(c.leaves[DEVICE]) == len(heap) == 1100
+    assert len(c.leaves[DEVICE]) == 1100
     receipts = [c.lock(c.match_prefix(k).last_device_node, owner=f"l{i}")
                 for i, k in enumerate(keys)]
-    assert not c.leaves[DEVICE] and len(heap) == 1100  # stale entries, not yet dropped
-    _request(c, [999, 1, 2, 3], "late")  # its leaf's entry tips the heap over the bound
-    assert len(heap) == len(c.leaves[DEVICE]) == 1
+    assert not c.leaves[DEVICE] and not c.leaves[DEVICE].items()
+    _request(c, [999, 1, 2, 3], "late")
+    assert len(c.leaves[DEVICE]) == 1
     c.check()
     rng = random.Random(5)
     for i in rng.sample(range(len(receipts)), len(receipts)):  # unlocked in random order
@@ -168,3 +204,79 @@ def test_a_compacted_heap_still_gives_lru_victims() -> None:
         want = _lru_by_scan(c, DEVICE)
         assert c.evict(1).evicted_nodes[0] == want[1]
     c.check()
+
+
+class _Node:
+    __slots__ = ("last_access",)
+
+    def __init__(self, tick: int) -> None:
+        self.last_access = tick
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_two_heaps_agree_with_a_model_on_random_operations(seed: int) -> None:
+    """File, discard, touch (a node's tick raised, nothing filed) and pop, at random, over ids
+    that repeat and ticks that tie: both versions pop the model's (tick, id) minimum, hold the
+    same members at the same ticks, and report no broken rule."""
+    heaps = [PyLeafHeap()] + ([leaves._built.LeafHeap()] if leaves._built else [])
+    rng = random.Random(seed)
+    nodes: dict[int, _Node] = {}
+    model: dict[int, int] = {}  # id -> tick filed
+    tick = 0
+    for step in range(3000):
+        r = rng.random()
+        nid = rng.randrange(1, 400) if rng.random() < 0.9 else rng.randrange(2**64 - 4, 2**64)
+        if r < 0.45:
+            tick += rng.randrange(0, 2)  # ties are common: several leaves filed at one tick
+            node = nodes.setdefault(nid, _Node(tick))
+            node.last_access = max(node.last_access, tick)
+            model[nid] = node.last_access
+            for h in heaps:
+                h.file(nid, node.last_access)
+        elif r < 0.6:
+            model.pop(nid, None)
+            for h in heaps:
+                h.discard(nid)
+        elif r < 0.8 and model:  # a touch: only the node's tick moves
+            tick += 1
+            nodes[rng.choice(list(model))].last_access = tick
+        else:
+            want = min(((nodes[i].last_access, i) for i in model), default=None)
+            got = [h.pop_lru(nodes) for h in heaps]
+            if want is None:
+                assert got == [None] * len(heaps), step
+            else:
+                assert all(n is nodes[want[1]] for n in got), (step, want)
+                del model[want[1]]
+        if step % 97 == 0 or step == 2999:
+            for h in heaps:
+                assert sorted(h) == sorted(model), step
+                assert all(t <= nodes[i].last_access for i, t in h.items())
+                assert h.violations() == [], step
+    assert len({tuple(sorted(h.items())) for h in heaps}) == 1
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_bad_input_is_refused_before_any_change(name: str) -> None:
+    h = _impl(name)()
+    nodes = {1: _Node(3), 2: _Node(1)}
+    h.file(1, 3)
+    h.file(2, 1)
+    for args, err, msg in ((("x", 1), TypeError, "node id must be an int, got 'x'"),
+                           ((True, 1), TypeError, "node id must be an int, got True"),
+                           ((-1, 1), ValueError, r"node id -1 is out of range"),
+                           ((1, 2**64), ValueError, r"tick 18446744073709551616 is out of range"),
+                           ((1, 2.0), TypeError, "tick must be an int, got 2.0")):
+        with pytest.raises(err, match=msg):
+            h.file(*args)
+    with pytest.raises(TypeError, match="node id must be an int, got None"):
+        h.discard(None)
+    with pytest.raises(TypeError, match="nodes must be the tree's dict"):
+        h.pop_lru([nodes[1], nodes[2]])
+    assert sorted(h.items()) == [(1, 3), (2, 1)] and h.violations() == []
+    assert "x" not in h and -1 not in h and 2**70 not in h and 1 in h
+    with pytest.raises(RuntimeError, match="holds node 2, which is not in the tree"):
+        h.pop_lru({1: nodes[1]})
+    assert sorted(h.items()) == [(1, 3), (2, 1)]
+    assert h.pop_lru(nodes) is nodes[2] and h.pop_lru(nodes) is nodes[1]
+    assert h.pop_lru(nodes) is None and len(h) == 0 and not h

@@ -28,17 +28,17 @@ def missing(tool: str, reason: str) -> None:
 def pass_without_native(tests: list[str]) -> None:
     """Run ``tests`` (pytest node ids) in a subprocess with ``RADIXSCOPE_NATIVE=0``, as on a
     machine with no C compiler, after checking that this does select the Python versions of
-    the cache's kernels and ledger and the recorder's encoder; fail with the output unless they
-    pass."""
+    the cache's kernels, ledger and leaf heap and the recorder's encoder; fail with the output
+    unless they pass."""
     root = Path(__file__).resolve().parents[2]
     # the native parts are off on purpose there: a test that needs them skips
     tools = [t.strip() for t in os.environ.get(ENV, "").split(",") if t.strip() != "native"]
     env = {**os.environ, "RADIXSCOPE_NATIVE": "0", ENV: ",".join(t for t in tools if t)}
-    probe = subprocess.run([sys.executable, "-c", "from radixscope.cache import ledger, native; "
-                            "from radixscope.telemetry.record import sink; "
-                            "print(native.KERNELS, ledger.LEDGER, sink.ENCODER)"], env=env,
-                           capture_output=True, text=True, check=True)
-    assert probe.stdout.split() == ["python"] * 3, probe.stdout
+    probe = subprocess.run([sys.executable, "-c", "from radixscope.cache import ledger, leaves, "
+                            "native; from radixscope.telemetry.record import sink; "
+                            "print(native.KERNELS, ledger.LEDGER, leaves.LEAF_HEAP, sink.ENCODER)"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["python"] * 4, probe.stdout
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                           *tests], cwd=root, env=env, capture_output=True, text=True,
                          timeout=600)
