@@ -160,7 +160,8 @@ reserve(LeafHeap *h)
 {
     if (h->n == h->cap) {
         Py_ssize_t cap = h->cap * 2;
-        Entry *heap = PyMem_Resize(h->heap, Entry, cap);
+        /* not PyMem_Resize: it would set h->heap to NULL on failure */
+        Entry *heap = PyMem_Realloc(h->heap, (size_t)cap * sizeof(Entry));
         if (heap == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -271,16 +272,16 @@ leafheap_pop_lru(LeafHeap *h, PyObject *nodes)
         return NULL;
     }
     while (h->n) {
-        Entry *top = &h->heap[0];
-        PyObject *key = PyLong_FromUnsignedLongLong(top->id);
+        uint64_t id = h->heap[0].id;
+        PyObject *key = PyLong_FromUnsignedLongLong(id);
         if (key == NULL)
             return NULL;
         PyObject *node = PyDict_GetItemWithError(nodes, key);
         Py_DECREF(key);
-        if (node == NULL) {
+        if (node == NULL || node == Py_None) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_RuntimeError, "the evictable-leaf heap holds node %llu, "
-                             "which is not in the tree", (unsigned long long)top->id);
+                             "which is not in the tree", (unsigned long long)id);
             return NULL;
         }
         Py_INCREF(node);
@@ -292,9 +293,14 @@ leafheap_pop_lru(LeafHeap *h, PyObject *nodes)
             return NULL;
         }
         Py_DECREF(la);
-        top = &h->heap[0]; /* the attribute read ran no code of ours, but stay safe */
-        if (tick != top->tick) { /* touched since it was filed: re-filed at its tick now */
-            top->tick = tick;
+        /* the lookup and the attribute read can run Python code (a key's __eq__, a property):
+           when that changed the top, start again from the new one */
+        if (h->n == 0 || h->heap[0].id != id) {
+            Py_DECREF(node);
+            continue;
+        }
+        if (tick != h->heap[0].tick) { /* touched since it was filed: re-filed at its tick now */
+            h->heap[0].tick = tick;
             sift_down(h, 0);
             Py_DECREF(node);
             continue;

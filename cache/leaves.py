@@ -68,7 +68,7 @@ class PyLeafHeap:
     def __repr__(self) -> str:
         return f"LeafHeap({len(self._ticks)} leaves)"
 
-    def file(self, nid: int, tick: int) -> None:
+    def file(self, nid: int, tick: int, /) -> None:
         _u64(nid, "node id")
         _u64(tick, "tick")
         if self._ticks.get(nid) == tick:
@@ -78,11 +78,11 @@ class PyLeafHeap:
         if len(self._heap) > 2 * len(self._ticks) + 1024:
             self._rebuild()
 
-    def discard(self, nid: int) -> None:
+    def discard(self, nid: int, /) -> None:
         _u64(nid, "node id")
         self._ticks.pop(nid, None)
 
-    def pop_lru(self, nodes: dict) -> Node | None:
+    def pop_lru(self, nodes: dict, /) -> Node | None:
         if not isinstance(nodes, dict):
             raise TypeError(f"pop_lru: nodes must be the tree's dict of id -> node, got {nodes!r}")
         heap, ticks = self._heap, self._ticks
@@ -97,6 +97,8 @@ class PyLeafHeap:
                 raise RuntimeError(f"the evictable-leaf heap holds node {nid}, which is not in "
                                    "the tree")
             now = _u64(node.last_access, "last_access")
+            if not heap or heap[0] != entry or ticks.get(nid) != tick:
+                continue  # reading it ran code that changed the heap: start again
             if now != tick:  # touched since it was filed: re-filed at its tick now
                 ticks[nid] = now
                 heapq.heapreplace(heap, now << _SHIFT | nid)

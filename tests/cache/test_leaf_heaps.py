@@ -280,3 +280,35 @@ def test_bad_input_is_refused_before_any_change(name: str) -> None:
     assert sorted(h.items()) == [(1, 3), (2, 1)]
     assert h.pop_lru(nodes) is nodes[2] and h.pop_lru(nodes) is nodes[1]
     assert h.pop_lru(nodes) is None and len(h) == 0 and not h
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_a_pop_whose_node_read_changes_the_heap_starts_again(name: str) -> None:
+    """Reading a node's ``last_access`` can run code (a property) that files or discards:
+    ``pop_lru`` must start again from the new top, not take out an entry that is no longer
+    there (the first C version ran on with an empty heap and wrote before its array)."""
+    h = _impl(name)()
+
+    class Discards:
+        @property
+        def last_access(self) -> int:
+            h.discard(1)
+            return 5
+
+    h.file(1, 5)
+    assert h.pop_lru({1: Discards()}) is None
+    assert len(h) == 0 and h.items() == [] and h.violations() == []
+    h.file(2, 9)
+    assert h.items() == [(2, 9)] and h.violations() == []
+
+    class FilesAnother:
+        @property
+        def last_access(self) -> int:
+            h.file(3, 1)  # a new, older top
+            return 9
+
+    nodes = {2: FilesAnother(), 3: _Node(1)}
+    assert h.pop_lru(nodes) is nodes[3]
+    assert h.items() == [(2, 9)] and h.violations() == []
+    with pytest.raises(RuntimeError, match="holds node 2, which is not in the tree"):
+        h.pop_lru({2: None})
