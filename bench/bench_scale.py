@@ -20,9 +20,14 @@ them), and the cost per node removed; match calls by the depth of the device pat
 (a line through each depth's median, and the worst p99/median within one depth: the tail that
 is not the workload's spread of path lengths); last, issue 17's targets that one run can judge,
 each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
+``--kernels`` also times every call of the native kernels the pools make (``check_split``,
+``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own figures then carry
+the timer's cost too): per call median / p99 and per request, the C part of a request in
+place, where its bitmaps may be cold.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
+    python bench/bench_scale.py --scale 1k --no-telemetry --kernels
 """
 
 from __future__ import annotations
@@ -184,6 +189,26 @@ def _timed_evict(c: HiRadixCache, k: int, comp: str, timed: list | None) -> None
         timed.append((f"evict.{comp}", CLOCK() - e0))
 
 
+KERNELS = ("check_split", "alloc_pages", "free_pages")
+CURRENT = [""]  # the label of the run whose batch is running (``--kernels``)
+
+
+def time_kernels() -> dict[tuple[str, str], list[int]]:
+    """Wrap the native kernels the pools call (``native.<name>``, looked up at each call) with
+    a timer; returns ``(run label, kernel) -> [ns per call]``, filled during batches only."""
+    calls: dict[tuple[str, str], list[int]] = {}
+    clock = time.perf_counter_ns
+    for name in KERNELS:
+        def timed(*args, _fn=getattr(native, name), _name=name):
+            t0 = clock()
+            out = _fn(*args)
+            if CURRENT[0]:
+                calls.setdefault((CURRENT[0], _name), []).append(clock() - t0)
+            return out
+        setattr(native, name, timed)
+    return calls
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -257,10 +282,12 @@ class Run:
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
         t = {k: [] for k in (*OPS, *NOT_OPS)}
         ops = 0
+        CURRENT[0] = self.label
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
             ops += one_request(c, key, t, f"r{k}")
         cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
+        CURRENT[0] = ""
         self.discard()
         self.ops += ops
         t["cpu"] = cpu
@@ -333,7 +360,10 @@ def main() -> None:
     workload_args(ap, requests=2000)
     ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time the native kernels' calls inside the ops")
     args = parse_workload(ap)
+    kernel_calls = time_kernels() if args.kernels else None
     nodes = SCALES[args.scale]
     comps = tuple(args.components.split(","))
     torch.set_num_threads(1)
@@ -383,6 +413,17 @@ def main() -> None:
             print(f"  {r.label} match by device path depth {bd['depths'][0]}-{bd['depths'][1]}: "
                   f"{bd['base']:.1f} us + {bd['per_node']:.2f} us a node (medians); worst "
                   f"p99/median within one depth {bd['worst'][1]:.2f} (depth {bd['worst'][0]})")
+    if kernel_calls is not None:
+        for r in runs:
+            n = sum(b["n"] for b in r.batches)
+            parts = []
+            for name in KERNELS:
+                v = sorted(kernel_calls.get((r.label, name), ()))
+                if v:
+                    parts.append(f"{name} {statistics.median(v) / 1e3:.2f}/"
+                                 f"{v[int(len(v) * 0.99)] / 1e3:.2f} ({len(v) / n:.2f} calls, "
+                                 f"{sum(v) / n / 1e3:.2f} us a request)")
+            print(f"  {r.label} kernels, us a call (median / p99): {'; '.join(parts)}")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
     print_targets(args.scale, runs, sums, closes)
