@@ -198,14 +198,18 @@ def time_kernels() -> dict[tuple[str, str], list[int]]:
     a timer; returns ``(run label, kernel) -> [ns per call]``, filled during batches only."""
     calls: dict[tuple[str, str], list[int]] = {}
     clock = time.perf_counter_ns
-    for name in KERNELS:
-        def timed(*args, _fn=getattr(native, name), _name=name):
+
+    def timer(name: str, fn):
+        def timed(*args):
             t0 = clock()
-            out = _fn(*args)
+            out = fn(*args)
             if CURRENT[0]:
-                calls.setdefault((CURRENT[0], _name), []).append(clock() - t0)
+                calls.setdefault((CURRENT[0], name), []).append(clock() - t0)
             return out
-        setattr(native, name, timed)
+        return timed
+
+    for name in KERNELS:
+        setattr(native, name, timer(name, getattr(native, name)))
     return calls
 
 
