@@ -317,6 +317,7 @@ free_pages(PyObject *self, PyObject *args)
     /* Eviction's victims are the least recently used nodes: their pages' bitmap lines are cold
        (one line per 64 pages; a victim's pages lie in runs). Asking for the line of every
        16th page first lets those misses overlap instead of each stalling the loops below. */
+#if defined(__GNUC__) || defined(__clang__)
     for (i = 0; i < n; i += 16) {
         if (pg[i] < pages) {
             __builtin_prefetch(used + pg[i], 1, 3);
@@ -324,6 +325,7 @@ free_pages(PyObject *self, PyObject *args)
                 __builtin_prefetch(tree + pg[i], 1, 3);
         }
     }
+#endif
     for (i = 0; i < n && rc >= 0; i++)  /* range first: nothing below indexes out of bounds */
         if (pg[i] >= pages || pg[i] > id_max)
             rc = -2;

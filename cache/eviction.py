@@ -81,19 +81,25 @@ class Eviction(CacheCore):
         acc = _Acc(self)
         if ci == 0:
             skipped: list[Node] = []  # popped but left resident: filed again below
+            leaf = None
             try:
                 while acc.freed[0] < num:
                     leaf = self.pop_leaf(DEVICE)
                     if leaf is None:
                         break
                     if not self._evict_leaf(leaf, acc):
+                        # a write-back that found no host room released its pins, which filed
+                        # the leaf again: out until the call ends, or it is popped forever
+                        self.d_leaves.discard(leaf.id)
                         skipped.append(leaf)
+                    leaf = None
             except BaseException:
                 self.free_deferred(acc.defer)  # a failing victim: the others' slots still go
+                if leaf is not None:
+                    skipped.append(leaf)  # the victim that failed stays findable
                 raise
             finally:
-                for leaf in skipped:
-                    self.refresh_leaf(leaf)  # still a leaf: filed again
+                self._refile(skipped)
             return acc.result(num)
         lru = self.lru[ci][DEVICE]
         while acc.freed[ci] < num:
@@ -102,6 +108,13 @@ class Eviction(CacheCore):
                 break
             self._tombstone(victim, ci, acc)
         return acc.result(num)
+
+    def _refile(self, leaves: list[Node]) -> None:
+        """File again the leaves an eviction popped but did not remove (skipped, or failed):
+        each where its state now puts it (a failed victim may have changed part way)."""
+        for leaf in leaves:
+            if leaf.id in self.tree.nodes:
+                self.refresh_leaf(leaf)
 
     def _tombstone(self, node: Node, ci: int, acc: _Acc) -> None:
         """Drop component ``ci``'s device data on a node (leaf or internal), cascading to lower
@@ -172,14 +185,18 @@ class Eviction(CacheCore):
         """Free at least ``num`` host slots of component ``ci``."""
         acc = _Acc(self)
         if ci == 0:
+            leaf = None
             try:
                 while acc.freed[0] < num:
                     leaf = self.pop_leaf(HOST)
                     if leaf is None:
                         break
                     self._evict_host_leaf(leaf, acc)
+                    leaf = None
             except BaseException:
                 self.free_deferred(acc.defer)
+                if leaf is not None:  # an L3 write-back that raised: the leaf stays findable
+                    self._refile([leaf])
                 raise
             return acc.result(num)
         lru = self.lru[ci][HOST]

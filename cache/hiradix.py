@@ -12,7 +12,7 @@ import itertools
 import torch
 
 from radixscope.cache import events as ev
-from radixscope.cache import ledger, native
+from radixscope.cache import leaves, ledger, native
 from radixscope.cache.admission import Admitting
 from radixscope.cache.components import BACKBONE, STATE
 from radixscope.cache.config import CacheConfig
@@ -91,6 +91,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
                                for c in self.comps for t in self.pool_tiers},
             "kernels": native.KERNELS,
             "ledger": ledger.LEDGER,
+            "leaf_heap": leaves.LEAF_HEAP,
         } | ({} if self.storage is None else {"storage": {
             "backend": self.storage.backend.name, "write_policy": self.storage.write_policy,
             "prefetch_policy": self.storage.prefetch.policy.value,

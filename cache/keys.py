@@ -64,8 +64,9 @@ def normalize_key(key: object, page_size: int, name: str = "key") -> array:
 def _validate(key: object, name: str) -> array:
     """Lists and tuples go through ``array('Q', key)`` (one C pass over the Python ints);
     integer tensors, numpy arrays and arrays of another integer typecode go through
-    numpy (one cast of the buffer), not item by item: a 2,000-token tensor costs ~2 us instead
-    of ~40 (``bench/bench_keys.py``)."""
+    numpy (one cast of the buffer), not item by item: a 2,000-token tensor costs ~6 us instead
+    of ~40 (``bench/bench_keys.py``). Masked arrays are refused (their masked ids would be
+    read as the fill value)."""
     if type(key) is array and key.typecode == KEY_TYPECODE:
         return array(KEY_TYPECODE, key)  # a copy: the caller may go on changing theirs
     if isinstance(key, torch.Tensor):
@@ -80,6 +81,9 @@ def _validate(key: object, name: str) -> array:
         else:
             return _from_ints(ints, name)
     elif isinstance(key, np.ndarray):
+        if isinstance(key, np.ma.MaskedArray):
+            raise TypeError(f"{name} must not be a masked array (masked token ids have no "
+                            f"value), got {key!r}")
         if key.ndim != 1:
             raise ValueError(f"{name} array must be 1-D, got shape {key.shape}")
         if key.dtype.kind not in "iu":
@@ -89,8 +93,8 @@ def _validate(key: object, name: str) -> array:
         if key.typecode in _INT_TYPECODES:
             return _from_ints(np.frombuffer(key, dtype=key.typecode), name)
     elif not isinstance(key, (list, tuple)):
-        raise TypeError(f"{name} must be a list/tuple of ints, a 1-D integer tensor or array, "
-                        f"got {type(key).__name__}")
+        raise TypeError(f"{name} must be a list/tuple of ints or a 1-D integer tensor / numpy "
+                        f"array / array, got {type(key).__name__}")
     try:
         return array(KEY_TYPECODE, key)  # one C pass: every element an int, none negative
     except (TypeError, OverflowError):
@@ -149,5 +153,5 @@ def key_len(key) -> int:
     try:
         return len(key)
     except TypeError:
-        raise TypeError(f"key must be a sequence of ints or a 1-D tensor, got "
-                        f"{type(key).__name__}") from None
+        raise TypeError(f"key must be a list/tuple of ints or a 1-D integer tensor / numpy "
+                        f"array / array, got {type(key).__name__}") from None

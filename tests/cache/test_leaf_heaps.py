@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 
 import pytest
 import torch
@@ -176,6 +177,57 @@ def test_a_leaf_eviction_skips_stays_findable(impl) -> None:
     c.check()  # every evictable leaf is still filed
     c.release(c.locks[entry])
     assert c.evict(32).evicted_nodes == (leaf.id,)
+    c.check()
+
+
+def test_a_skipped_leaf_whose_write_back_found_no_room_does_not_stall_eviction(impl) -> None:
+    """Under write_back, evicting a leaf first backs it up to host. With the host tier full and
+    the leaf host-pinned (an L3 prefetch's anchor), the backup fails and releases the pins it
+    took, which files the leaf again; the leaf is then skipped. It must stay out until the
+    call ends: it was popped again at once, and ``evict`` never returned (also before the
+    indexed heap). Found by a review."""
+    c = HiRadixCache(make_config(device_tokens=64, host_tokens=16, write_policy="write_back"))
+    _request(c, list(range(1, 33)), "a")
+    _request(c, list(range(100, 132)), "b")
+    held = c.take_slots(0, HOST, 16)  # the host tier full, nothing on it evictable
+    leaf = c.tree.nodes[c.match_prefix(list(range(1, 33))).last_device_node]
+    other = c.match_prefix(list(range(100, 132))).last_device_node  # more recent than leaf
+    c.acquire(leaf, HOST, {0: [leaf]}, "prefetch:p1")
+
+    def stalled(signum, frame):
+        raise TimeoutError("evict did not return in 10 s")
+
+    old = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(10)
+    try:
+        out = c.evict(32)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert out.evicted_nodes == (other,) and leaf.id in c.d_leaves
+    c.pool(0, HOST).alloc.free(held)  # given back, as a transfer would: the ledgers add up
+    c.check()
+
+
+def test_a_victim_whose_eviction_raises_stays_findable(impl, monkeypatch) -> None:
+    """A victim's write-back that raises ends the eviction call; the victim, popped from the
+    heap and left in the tree as it was, must be filed again (``check()`` reported it missing
+    from the leaf set, and no later eviction could take it)."""
+    c = HiRadixCache(make_config(device_tokens=64, host_tokens=64, write_policy="write_back"))
+    _request(c, list(range(1, 33)), "a")
+    _request(c, list(range(100, 132)), "b")
+    victim = _lru_by_scan(c, DEVICE)[1]
+
+    def refuse(node, cis=None):
+        raise RuntimeError("host copy failed")
+
+    monkeypatch.setattr(c, "save_to_host", refuse)
+    with pytest.raises(RuntimeError, match="host copy failed"):
+        c.evict(32)
+    assert victim in c.d_leaves
+    c.check()
+    monkeypatch.undo()
+    assert c.evict(32).evicted_nodes[0] == victim
     c.check()
 
 

@@ -1,5 +1,5 @@
 """Keys from every integer container an engine holds token ids in: lists and tuples, ``array``
-of any integer typecode, numpy arrays and torch tensors (any integer dtype, strided or not).
+of any integer typecode, numpy arrays and torch tensors (any integer dtype, strided or not; a dtype numpy cannot take goes item by item).
 Each gives the key a list of the same ints gives, owns its tokens (the caller's buffer can
 change after), and a bad one is refused naming the value and its position before the cache
 changes."""
@@ -19,7 +19,8 @@ from tests.kits.cachekit import make_config
 
 INT_TYPECODES = "bBhHiIlLqQ"
 NP_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
-TORCH_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+TORCH_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                *(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))]
 
 
 def _forms(ints: list[int], rng: random.Random) -> list[object]:
@@ -38,7 +39,7 @@ def _forms(ints: list[int], rng: random.Random) -> list[object]:
             out.append(pad[::2])
     for dt in TORCH_DTYPES:
         if top <= torch.iinfo(dt).max:
-            t = torch.tensor(ints, dtype=dt)
+            t = torch.tensor(ints, dtype=torch.int64).to(dt) if ints else torch.tensor([], dtype=dt)
             out.append(t)
             out.append(torch.stack([t, t], dim=1)[:, rng.randrange(2)])  # non-contiguous
     return out
@@ -54,6 +55,18 @@ def test_every_integer_container_gives_the_lists_key(seed: int) -> None:
     for form in _forms(ints, rng):
         key = TokenKey(form)
         assert key.tokens.typecode == want.typecode and key.tokens == want, type(form)
+
+
+def test_a_tensor_numpy_cannot_take_goes_item_by_item(monkeypatch) -> None:
+    """A dtype this torch cannot hand to numpy (unsigned ones, on old builds) still makes a
+    key, through ``tolist()``."""
+    def refuse(self):
+        raise TypeError(f"can't convert {self.dtype} to numpy")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", refuse)
+    assert list(TokenKey(torch.tensor([3, 0, 2**40])).tokens) == [3, 0, 2**40]
+    with pytest.raises(ValueError, match="negative token id -1 at position 1"):
+        TokenKey(torch.tensor([3, -1]))
 
 
 def test_a_key_owns_its_tokens() -> None:
@@ -86,6 +99,7 @@ def test_the_cache_matches_a_tensor_or_numpy_key_as_the_list() -> None:
     (np.zeros((2, 2), dtype=np.int64), ValueError, r"key array must be 1-D, got shape \(2, 2\)"),
     (array("f", [1.0]), TypeError, r"key must hold ints, found 1.0 \(float\) at position 0"),
     (torch.zeros(2, 2, dtype=torch.int64), ValueError, r"key tensor must be 1-D"),
+    (np.ma.array([1, 2, 3], mask=[0, 1, 0]), TypeError, "key must not be a masked array"),
 ])
 def test_a_bad_key_is_refused_before_the_cache_changes(bad, err, msg) -> None:
     c = HiRadixCache(make_config(device_tokens=64, host_tokens=0))
