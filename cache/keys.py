@@ -83,7 +83,8 @@ def _validate(key: object, name: str) -> array:
     elif isinstance(key, np.ndarray):
         if isinstance(key, np.ma.MaskedArray):
             raise TypeError(f"{name} must not be a masked array (masked token ids have no "
-                            f"value), got {key!r}")
+                            f"value), got one of shape {key.shape} with "
+                            f"{int(np.ma.count_masked(key))} masked")
         if key.ndim != 1:
             raise ValueError(f"{name} array must be 1-D, got shape {key.shape}")
         if key.dtype.kind not in "iu":
