@@ -18,8 +18,11 @@ buffers' bytes, divided by the tokens resident); store bytes per op (the store's
 calls by the tokens they were asked for and the nodes they removed (tombstone ancestors among
 them), and the cost per node removed; match calls by the depth of the device path they walked
 (a line through each depth's median, and the worst p99/median within one depth: the tail that
-is not the workload's spread of path lengths); last, issue 17's targets that one run can judge,
-each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
+is not the workload's spread of path lengths); the garbage collector: the objects it tracks per
+node (added by building and filling each cache), its collections during the batches (how many,
+the longest, their time per request: the process's, both caches' objects scanned by each) and a
+full collection's time with every cache resident; last, issue 17's targets that one run can
+judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
 ``--kernels`` also times every call of the native kernels the pools make (``check_split``,
 ``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own figures then carry
 the timer's cost too): per call median / p99 and per request, the C part of a request in
@@ -213,6 +216,48 @@ def time_kernels() -> dict[tuple[str, str], list[int]]:
     return calls
 
 
+class GcPauses:
+    """The garbage collector's pauses inside the batches (``on`` while one runs): each
+    collection's generation and wall time. Collections are the process's, not one cache's:
+    both caches' objects are scanned by every one."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.pauses: list[tuple[int, int]] = []  # (generation, ns)
+        self._t0 = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter_ns() - self._t0))
+
+    def line(self, requests: int) -> str:
+        p = self.pauses
+        if not p:
+            return "no collection ran during the batches"
+        gens = "/".join(str(sum(1 for g, _ in p if g == i)) for i in range(3))
+        return (f"{len(p)} collections during the batches (gen 0/1/2: {gens}), longest "
+                f"{max(ns for _, ns in p) / 1e6:.2f} ms, {sum(ns for _, ns in p) / requests / 1e3:.2f}"
+                f" us a request")
+
+
+GC_PAUSES = GcPauses()
+
+
+def full_collection_ms() -> float:
+    """One full collection's wall time, every run's cache resident (the best of three)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gc.collect()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -232,6 +277,7 @@ class Run:
         self.detached = recorder
         gc.collect()
         rss0 = rss()
+        tracked0 = len(gc.get_objects())
         if telemetry_on:
             from radixscope import telemetry
             self.store = os.path.join(store_dir, f"{label}.db")
@@ -257,6 +303,9 @@ class Run:
         gc.collect()
         resident = c.config.device_tokens - c.available()
         self.mem_per_token = (rss() - rss0 - kv_bytes(c) - self.chat.nbytes()) / resident
+        # objects the collector tracks, added by this cache (the workload's arrays left out)
+        tracked = len(gc.get_objects()) - tracked0 - len(self.chat.convs) - len(self.chat.prompts)
+        self.tracked_per_node = tracked / (len(c.tree.nodes) - 1)
         self.resident = resident
         if freeze:
             gc.freeze()
@@ -287,10 +336,12 @@ class Run:
         t = {k: [] for k in (*OPS, *NOT_OPS)}
         ops = 0
         CURRENT[0] = self.label
+        GC_PAUSES.on = True
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
             ops += one_request(c, key, t, f"r{k}")
         cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
+        GC_PAUSES.on = False
         CURRENT[0] = ""
         self.discard()
         self.ops += ops
@@ -380,6 +431,7 @@ def main() -> None:
                 r.batch(args.requests)
         for r in runs:
             r.c.check()
+        full_gc_ms = full_collection_ms()
         closes = [r.close() for r in runs]
         sums = [r.summary() for r in runs]
     print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
@@ -394,7 +446,8 @@ def main() -> None:
         print(f"             {ops}")
         tail = max(s[op][1] / s[op][0] for op in (*ops_in(r.batches), "request"))
         print(f"             req/s {s['req_s']:.0f}, ops/s {s['ops_s']:.0f}, worst p99/median "
-              f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV")
+              f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV, "
+              f"{r.tracked_per_node:.2f} objects the collector tracks per node")
         if r.tel is not None:
             print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
                   f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")
@@ -430,6 +483,9 @@ def main() -> None:
             print(f"  {r.label} kernels, us a call (median / p99): {'; '.join(parts)}")
     if "evict" in sums[0]:
         print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
+    requests = sum(b["n"] for r in runs for b in r.batches)
+    print(f"  garbage collector: {GC_PAUSES.line(requests)}; a full collection "
+          f"{full_gc_ms:.1f} ms with every cache resident")
     print_targets(args.scale, runs, sums, closes)
 
 

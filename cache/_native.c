@@ -2,7 +2,8 @@
 
 The loops that cost a request most when written as numpy / array calls, each one C pass with no
 temporaries: insert's slot guard (``check_split``), the key compare of a descent step
-(``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``).
+(``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``); and
+``untrack``, which takes a tree node's acyclic containers off the garbage collector's lists.
 ``cache/native.py`` loads this module and holds the pure-Python versions they must agree with
 (tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when
 the module is not built. Every kernel takes buffers (numpy arrays, ``array('Q')``), checks their
@@ -15,7 +16,7 @@ the GIL and never calls back into Python. ``ABI`` changes whenever a signature o
 #include <stdint.h>
 #include <string.h>
 
-#define NATIVE_ABI 2
+#define NATIVE_ABI 3
 
 /* The kinds of buffer the kernels take: 8-byte integers (page and slot ids, token ids), 4- or
    8-byte integers (the free stack), bytes (the bitmaps). */
@@ -346,11 +347,28 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(untrack_doc,
+"untrack(*objs) -> None\n\n"
+"Stop the garbage collector tracking each of ``objs`` that it tracks (others are left as they\n"
+"are). Only for objects no reference cycle can pass through: a tree node's key, its component\n"
+"data and their lists. An untracked object is never scanned, and what it refers to stays\n"
+"reachable; a cycle through it would never be collected.");
+
+static PyObject *
+untrack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (PyObject_IS_GC(args[i]))
+            PyObject_GC_UnTrack(args[i]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef native_methods[] = {
     {"check_split", check_split, METH_VARARGS, check_split_doc},
     {"common_len", common_len, METH_VARARGS, common_len_doc},
     {"alloc_pages", alloc_pages, METH_VARARGS, alloc_pages_doc},
     {"free_pages", free_pages, METH_VARARGS, free_pages_doc},
+    {"untrack", (PyCFunction)(void (*)(void))untrack, METH_FASTCALL, untrack_doc},
     {NULL, NULL, 0, NULL},
 };
 

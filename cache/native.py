@@ -4,7 +4,12 @@ pure-Python versions they must agree with.
 ``check_split`` (insert's slot guard), ``common_len`` (a descent step's key compare),
 ``alloc_pages`` and ``free_pages`` (the allocator's pop and push with their bitmaps) are one C
 pass each where numpy / ``array`` need three to nine calls or a slice copy: on the issue-17
-workload the guard costs ~3.5 us in place against ~15 us. Where the module was not built (no
+workload the guard costs ~3.5 us in place against ~15 us. ``untrack`` takes the containers
+of a tree node that no reference cycle can pass through (its key, its component data and
+their lists: five of the eight objects a FULL node is made of) off the garbage collector's
+lists, so a collection scans about three objects a node instead of eight (Python cannot
+untrack an object itself; the Python version leaves them tracked: the same cache, longer
+collections). Where the module was not built (no
 C compiler at install) or ``RADIXSCOPE_NATIVE=0`` is set, ``KERNELS`` is ``"python"`` and the
 versions below run instead, with the same results (tests/cache/test_native.py checks both on
 random and edge inputs)."""
@@ -18,8 +23,8 @@ from array import array
 
 import numpy as np
 
-NAMES = ("check_split", "common_len", "alloc_pages", "free_pages")
-ABI = 2  # _native.c's NATIVE_ABI: a build with another number is stale
+NAMES = ("check_split", "common_len", "alloc_pages", "free_pages", "untrack")
+ABI = 3  # _native.c's NATIVE_ABI: a build with another number is stale
 
 
 
@@ -148,7 +153,13 @@ def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: 
     return top + n
 
 
+def untrack_py(*objs: object) -> None:
+    """``untrack`` where the module was not built: Python cannot take an object off the
+    collector's lists, so they stay tracked (collections scan them; nothing else differs)."""
+
+
 check_split = check_split_py if _native is None else _native.check_split
 common_len = common_len_py if _native is None else _native.common_len
 alloc_pages = alloc_pages_py if _native is None else _native.alloc_pages
 free_pages = free_pages_py if _native is None else _native.free_pages
+untrack = untrack_py if _native is None else _native.untrack

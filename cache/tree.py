@@ -12,7 +12,7 @@ from array import array
 import torch
 
 from radixscope.cache.keys import child_key, empty_key
-from radixscope.cache.native import common_len
+from radixscope.cache.native import common_len, untrack
 from radixscope.cache.tiers import per_tier
 
 ROOT_ID = 0
@@ -21,16 +21,28 @@ ROOT_ID = 0
 class ComponentData:
     """One component's state on one node, indexed by ``Tier``: ``values[t]`` the slot indices
     held on tier ``t`` (None: nothing there), ``refs[t]`` the pins on it (the lock ref on
-    DEVICE, the host ref on HOST)."""
+    DEVICE, the host ref on HOST).
+
+    Neither it nor its lists are tracked by the garbage collector (``native.untrack``): they
+    hold slot tensors, ``StoredPages`` and ints, none of which refers back, so no cycle can
+    pass through them. Keep it so: a value that could refer to a node would make a cycle the
+    collector cannot see."""
 
     __slots__ = ("values", "refs")
 
     def __init__(self) -> None:
         self.values: list[torch.Tensor | None] = per_tier(None)
         self.refs: list[int] = per_tier(0)
+        untrack(self.values, self.refs, self)
 
 
 class Node:
+    """One node. The garbage collector tracks the node and its ``children`` dict (parent and
+    children refer to each other: a tree dropped with its cache is a cycle to collect) and the
+    device value's tensor; its key, ``data`` list and component data are untracked
+    (``native.untrack``; ``ComponentData``): three objects a FULL node for a collection to
+    scan, not eight."""
+
     __slots__ = ("id", "parent", "children", "key", "extra_key", "last_access", "hit_count",
                  "data", "device_children")
 
@@ -43,7 +55,8 @@ class Node:
         self.extra_key = extra_key
         self.last_access = 0
         self.hit_count = 0
-        self.data = [ComponentData() for _ in range(n_components)]
+        self.data = data = [ComponentData() for _ in range(n_components)]
+        untrack(key, data)  # the list holds ComponentData only; a key holds ints
         # children whose FULL (component 0) has a device value: D-leaf test in O(1)
         self.device_children = 0
 
@@ -125,7 +138,8 @@ class RadixTree:
         new.last_access = child.last_access
         new.hit_count = child.hit_count
         parent.children[self.file_key(parent, child.key, 0, child.extra_key)] = new
-        child.key = child.key[k:]
+        child.key = key = child.key[k:]
+        untrack(key)
         child.parent = new
         new.children[self.file_key(new, child.key, 0, child.extra_key)] = child
         self.nodes[new.id] = new

@@ -1,0 +1,126 @@
+"""The garbage collector and the tree (issue 17: no collector pauses in the hot path).
+
+A FULL node is eight objects the collector could track: the node, its children dict, its key,
+its ``data`` list, a ``ComponentData`` and that one's two lists, and the device value's
+tensor. Five of them cannot be on a reference cycle, and the native ``untrack`` takes them off
+the collector's lists, so a collection scans about three objects a node. These tests hold the
+tree to that, check that nothing is lost to a collection (content read back after collecting
+with every value reachable only through untracked lists), and that a dropped cache is still
+freed: the node cycles (parent and children) stay where the collector sees them.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import weakref
+from array import array
+
+import pytest
+import torch
+
+from radixscope.cache import HiRadixCache, native
+from radixscope.cache.tiers import DEVICE
+from tests.kits.cachekit import Driver, make_config
+
+COMPONENTS = [("full",), ("full", "swa"), ("full", "swa", "mamba")]
+
+
+def needs_native() -> None:
+    if native.KERNELS != "native":
+        pytest.skip("the native kernels were not built: the Python build keeps every object "
+                    "tracked")
+
+
+class Slotted:
+    __slots__ = ("a",)
+
+
+def test_untrack_takes_objects_off_the_collectors_lists() -> None:
+    needs_native()
+    objs = [[1, 2], array("Q", [3]), Slotted(), {"k": []}]
+    assert all(gc.is_tracked(o) for o in objs)
+    assert native.untrack(*objs) is None
+    assert not any(gc.is_tracked(o) for o in objs)
+    native.untrack(7, "text", None, *objs)  # untracked or never tracked: left as they are
+    native.untrack()
+
+
+def test_the_python_version_leaves_objects_tracked() -> None:
+    objs = [[1], Slotted()]
+    assert native.untrack_py(*objs) is None
+    assert all(gc.is_tracked(o) for o in objs)
+
+
+def _drive(components, seed: int, requests: int = 150):
+    """A small cache driven into eviction, splits and write-through backups; returns it, its
+    driver and what it inserted (tokens by the node their insert ended at)."""
+    cache = HiRadixCache(make_config(components, device_tokens=96, host_tokens=192))
+    d = Driver(cache, branching=True)
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 12))] for _ in range(4)]
+    inserted = []
+    for i in range(requests):
+        tokens = rng.choice(prompts) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 9))]
+        cache.poll()  # write-through backups acked: their nodes evictable again
+        short = len(tokens) - cache.available()
+        if short > 0:
+            cache.evict(short)
+        for comp in components[1:]:
+            want = len(tokens) if comp == "swa" else 2
+            if cache.available(comp) < want:
+                cache.evict(want - cache.available(comp), component=comp)
+        out = d.insert(tokens, req_id=f"r{i}")
+        inserted.append((tokens, out.last_node))
+    return cache, d, inserted
+
+
+@pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
+def test_a_node_leaves_only_itself_its_children_and_tensors_to_the_collector(components) -> None:
+    needs_native()
+    cache, _, _ = _drive(components, seed=1)
+    assert len(cache.tree.nodes) > 20
+    for node in cache.tree.nodes.values():
+        assert gc.is_tracked(node)
+        assert not gc.is_tracked(node.key), f"node {node.id}: key tracked"
+        assert not gc.is_tracked(node.data), f"node {node.id}: data list tracked"
+        for d in node.data:
+            assert not (gc.is_tracked(d) or gc.is_tracked(d.values) or gc.is_tracked(d.refs)), \
+                f"node {node.id}: component data tracked"
+    cache.check()
+
+
+@pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
+def test_a_collection_loses_nothing_the_tree_holds(components) -> None:
+    """Every value is reachable only through untracked lists: full collections in between
+    requests must leave every slot tensor, and the content behind it, where it was."""
+    cache, d, inserted = _drive(components, seed=2, requests=60)
+    for _ in range(3):
+        gc.collect()
+    cache.check()
+    checked = 0
+    for tokens, node_id in inserted:
+        if node_id in cache.tree.nodes and cache.node(node_id).data[0].values[DEVICE] is not None:
+            checked += d.verify_device_prefix(tokens, node_id)
+    assert checked > 0
+    more, d2, again = _drive(components, seed=3, requests=40)
+    gc.collect()
+    more.check()
+    assert sum(d2.verify_device_prefix(t, n) for t, n in again if n in more.tree.nodes
+               and more.node(n).data[0].values[DEVICE] is not None) > 0
+
+
+@pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
+def test_a_dropped_cache_is_freed_tree_and_tensors(components) -> None:
+    """The tree is a web of cycles (parent and children); untracking must not hide one from
+    the collector, or a dropped cache would keep its nodes and slot tensors for good."""
+    cache, _, _ = _drive(components, seed=4, requests=40)
+    # a node cannot be weakly referenced: the slot tensors it alone holds stand for it
+    values = [v for n in cache.tree.nodes.values() for d in n.data for v in d.values
+              if isinstance(v, torch.Tensor)]
+    assert len(values) > 10
+    refs = [weakref.ref(cache), weakref.ref(cache.device_pools[0].buf),
+            *(weakref.ref(v) for v in values)]
+    del cache, values
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
