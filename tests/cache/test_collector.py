@@ -4,9 +4,10 @@ A FULL node is eight objects the collector could track: the node, its children d
 its ``data`` list, a ``ComponentData`` and that one's two lists, and the device value's
 tensor. Five of them cannot be on a reference cycle, and the native ``untrack`` takes them off
 the collector's lists, so a collection scans about three objects a node. These tests hold the
-tree to that, check that nothing is lost to a collection (content read back after collecting
-with every value reachable only through untracked lists), and that a dropped cache is still
-freed: the node cycles (parent and children) stay where the collector sees them.
+tree to that and check that a dropped cache is still freed: the node cycles (parent and
+children) stay where the collector sees them. (What an untracked container refers to is never
+freed by a collection, so content needs no test of its own here; the property tests read it
+back.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache, native
-from radixscope.cache.tiers import DEVICE
 from tests.kits.cachekit import Driver, make_config
 
 COMPONENTS = [("full",), ("full", "swa"), ("full", "swa", "mamba")]
@@ -53,13 +53,11 @@ def test_the_python_version_leaves_objects_tracked() -> None:
 
 
 def _drive(components, seed: int, requests: int = 150):
-    """A small cache driven into eviction, splits and write-through backups; returns it, its
-    driver and what it inserted (tokens by the node their insert ended at)."""
+    """A small cache driven into eviction, splits and write-through backups."""
     cache = HiRadixCache(make_config(components, device_tokens=96, host_tokens=192))
     d = Driver(cache, branching=True)
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 12))] for _ in range(4)]
-    inserted = []
     for i in range(requests):
         tokens = rng.choice(prompts) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 9))]
         cache.poll()  # write-through backups acked: their nodes evictable again
@@ -70,15 +68,14 @@ def _drive(components, seed: int, requests: int = 150):
             want = len(tokens) if comp == "swa" else 2
             if cache.available(comp) < want:
                 cache.evict(want - cache.available(comp), component=comp)
-        out = d.insert(tokens, req_id=f"r{i}")
-        inserted.append((tokens, out.last_node))
-    return cache, d, inserted
+        d.insert(tokens, req_id=f"r{i}")
+    return cache
 
 
 @pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
 def test_a_node_leaves_only_itself_its_children_and_tensors_to_the_collector(components) -> None:
     needs_native()
-    cache, _, _ = _drive(components, seed=1)
+    cache = _drive(components, seed=1)
     assert len(cache.tree.nodes) > 20
     for node in cache.tree.nodes.values():
         assert gc.is_tracked(node)
@@ -91,30 +88,10 @@ def test_a_node_leaves_only_itself_its_children_and_tensors_to_the_collector(com
 
 
 @pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
-def test_a_collection_loses_nothing_the_tree_holds(components) -> None:
-    """Every value is reachable only through untracked lists: full collections in between
-    requests must leave every slot tensor, and the content behind it, where it was."""
-    cache, d, inserted = _drive(components, seed=2, requests=60)
-    for _ in range(3):
-        gc.collect()
-    cache.check()
-    checked = 0
-    for tokens, node_id in inserted:
-        if node_id in cache.tree.nodes and cache.node(node_id).data[0].values[DEVICE] is not None:
-            checked += d.verify_device_prefix(tokens, node_id)
-    assert checked > 0
-    more, d2, again = _drive(components, seed=3, requests=40)
-    gc.collect()
-    more.check()
-    assert sum(d2.verify_device_prefix(t, n) for t, n in again if n in more.tree.nodes
-               and more.node(n).data[0].values[DEVICE] is not None) > 0
-
-
-@pytest.mark.parametrize("components", COMPONENTS, ids="+".join)
 def test_a_dropped_cache_is_freed_tree_and_tensors(components) -> None:
     """The tree is a web of cycles (parent and children); untracking must not hide one from
     the collector, or a dropped cache would keep its nodes and slot tensors for good."""
-    cache, _, _ = _drive(components, seed=4, requests=40)
+    cache = _drive(components, seed=4, requests=40)
     # a node cannot be weakly referenced: the slot tensors it alone holds stand for it
     values = [v for n in cache.tree.nodes.values() for d in n.data for v in d.values
               if isinstance(v, torch.Tensor)]
