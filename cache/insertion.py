@@ -253,6 +253,14 @@ class Insertion(CacheCore):
             raise ValueError(f"{name} has {t.numel()} entries but the key has {length} tokens")
         if t.dtype is not torch.int64 or not t.is_cpu:
             t = t.to(device="cpu", dtype=torch.int64)
+        if type(t) is not torch.Tensor:
+            # a caller's subclass is kept as a plain tensor: the tree's containers are untracked
+            # by the collector (``native.untrack``), so one that referred back to the cache
+            # would be a cycle never freed
+            t = t.as_subclass(torch.Tensor)
+            if type(t) is not torch.Tensor:
+                raise TypeError(f"{name}: a {type(t).__name__} that cannot be viewed as a plain "
+                                "torch.Tensor")
         if ci is not None:
             self._check_live(t, ci, name)
         return t

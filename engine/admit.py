@@ -118,8 +118,8 @@ class Admitter:
             return self._reject(seq, never, {})
         with trace.use_span(seq.span, end_on_exit=False):
             try:
-                m = c.match_prefix(spec.prompt, extra_key=spec.extra_key, cow_mamba=self.mamba,
-                                   req_id=rid, **self._l3)
+                m = c.match_prefix(seq.key[:spec.prompt_len], extra_key=spec.extra_key,
+                                   cow_mamba=self.mamba, req_id=rid, **self._l3)
             except CacheOutOfMemory as e:  # no MAMBA state slot for the copy-on-write
                 reason = f"refused: mamba copy-on-write slot: {e}"
                 return self._reject(seq, reason, {}) if idle else self._refuse(seq, reason, {})

@@ -9,6 +9,7 @@ memory, a stuck engine).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import subprocess
@@ -174,11 +175,20 @@ def cmd_run(ns: argparse.Namespace) -> int:
                    prefetch_threshold=ns.prefetch_threshold,
                    load_back_threshold=ns.load_back_threshold)
     bar = ProgressBar(0, enabled=False if ns.no_progress else None)
+    # what exists before the run (torch's ~165 k objects, the imports) stays: out of the
+    # collector's way for the run, a full collection takes ~15-20 ms instead of ~100
+    # (bench/RESULTS.md, "#17, fifteenth round"), as a serving engine freezes after warm-up;
+    # handed back after (unless the caller had frozen its own), so a caller of ``main`` in its
+    # own process collects as before
+    frozen = gc.get_freeze_count()
+    gc.freeze()
     try:
         result = execute(spec, on_step=lambda e: _draw(bar, e), inject=ns.inject)
     except (ValueError, OSError) as e:  # bad settings; a store path that cannot be written
         raise UsageError(f"radixscope run: error: {e}") from None
     finally:
+        if not frozen:
+            gc.unfreeze()
         bar.close()
     summary = summarize(result)
     print(format_summary(summary))

@@ -196,7 +196,7 @@ class Engine:
             self.waiting.append(seq)
             if self._l3:  # L3: start fetching what storage holds past the host match
                 with trace.use_span(span, end_on_exit=False):
-                    m = self.cache.match_prefix(spec.prompt, extra_key=spec.extra_key,
+                    m = self.cache.match_prefix(seq.key[:spec.prompt_len], extra_key=spec.extra_key,
                                                 req_id=spec.rid, prefetch=True)
                 seq.prefetch_status = m.prefetch_status
 

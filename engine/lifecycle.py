@@ -223,7 +223,7 @@ class Driver:
             kw = {"swa_indices": seq.swa[:e], "swa_evicted_len": seq.swa_evicted_len}
         if branch_slot is not None:
             kw["mamba_branch_slot"] = branch_slot
-        return self.cache.insert(seq.spec.tokens[:e], seq.full[:e], extra_key=seq.spec.extra_key,
+        return self.cache.insert(seq.key[:e], seq.full[:e], extra_key=seq.spec.extra_key,
                                  mamba_slot=mamba_slot, prev_prefix_len=seq.cached_len,
                                  branch_len=branch, req_id=seq.rid, **kw)
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixscope.cache.keys import TokenKey
+
 # phases of a running request
 QUEUED = "queued"
 PREFILL = "prefill"
@@ -98,6 +100,12 @@ class Sequence:
     mamba_device_hit: int = 0
     first_reason: str = ""  # the first refusal (or the rejection)
     last_reason: str = ""  # the latest refusal
+    # the whole token sequence, validated once: every match and insert passes a slice of it
+    # (a buffer copy), not a slice of ``spec.tokens`` the cache would validate int by int again
+    key: TokenKey = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.key = TokenKey(self.spec.tokens)
 
     @property
     def rid(self) -> str:

@@ -101,3 +101,37 @@ def test_a_dropped_cache_is_freed_tree_and_tensors(components) -> None:
     del cache, values
     gc.collect()
     assert sum(r() is not None for r in refs) == 0
+
+
+class _Owned(torch.Tensor):
+    """A caller's tensor subclass that refers back to the cache and hands that reference on to
+    what is made from it (``clone`` included), as wrappers that carry metadata do."""
+
+    owner = None
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if isinstance(out, _Owned) and isinstance(args[0], _Owned):
+            out.owner = args[0].owner
+        return out
+
+
+def test_a_callers_tensor_subclass_is_not_kept_by_the_tree() -> None:
+    """A MAMBA slot handed in as a tensor subclass is stored as a plain tensor. Kept as given,
+    it would sit in an untracked list and refer back to the cache: a cycle the collector never
+    sees, so a dropped cache would never be freed."""
+    cache = HiRadixCache(make_config(("full", "mamba"), device_tokens=64, host_tokens=0))
+    tokens = list(range(1, 9))
+    idx = cache.alloc(len(tokens))
+    slot = cache.alloc(1, component="mamba").as_subclass(_Owned)
+    slot.owner = cache
+    cache.insert(tokens, idx, mamba_slot=slot)
+    mi = cache.ci["mamba"]
+    held = [v for n in cache.tree.nodes.values() for v in n.data[mi].values if v is not None]
+    assert held and all(type(v) is torch.Tensor for v in held)
+    cache.check()
+    ref = weakref.ref(cache)
+    del cache, slot, held
+    gc.collect()
+    assert ref() is None, "the dropped cache was kept alive through the caller's tensor"

@@ -202,3 +202,32 @@ def test_size_for_a_missing_component(capsys):
     assert capsys.readouterr().err.splitlines() == [
         "radixscope run: error: swa_device_tokens=128 is for the 'swa' component, which preset "
         "'full' does not have"]
+
+
+def test_run_keeps_startup_objects_out_of_the_collectors_way_and_hands_them_back(
+        tmp_path, monkeypatch, capsys):
+    """``radixscope run`` freezes what exists before the run (torch and the imports) for the
+    run's duration, then unfreezes it, unless the caller had frozen its own."""
+    import gc
+
+    from radixscope.engine import run as run_mod
+    seen = []
+    execute = run_mod.execute
+
+    def watched(*args, **kw):
+        seen.append(gc.get_freeze_count())
+        return execute(*args, **kw)
+
+    monkeypatch.setattr(run_mod, "execute", watched)
+    monkeypatch.chdir(tmp_path)
+    assert gc.get_freeze_count() == 0
+    assert main(["run", *SMALL, "--no-store", "--no-progress"]) == 0
+    assert seen[0] > 1000 and gc.get_freeze_count() == 0
+    gc.freeze()  # a caller that froze its own objects keeps them frozen
+    try:
+        kept = gc.get_freeze_count()
+        assert main(["run", *SMALL, "--no-store", "--no-progress"]) == 0
+        assert gc.get_freeze_count() >= kept
+    finally:
+        gc.unfreeze()
+    capsys.readouterr()
