@@ -65,13 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "cache: run a reference engine on it, inspect the store, open the UI.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run the reference engine on a workload and write a store")
-    r.add_argument("--workload", default="chat", help=f"one of {', '.join(WORKLOADS)}")
+    r.add_argument("--workload", default="chat",
+                   help=f"one of {', '.join(WORKLOADS)} (default chat)")
     r.add_argument("--trace", metavar="FILE", help="JSONL trace (with --workload trace)")
     r.add_argument("--preset", help=f"model preset: one of {', '.join(sorted(PRESETS))} "
                    "(default: from --components, else hybrid)")
     r.add_argument("--components", type=_components, help="full | full,swa | full,mamba | "
                    "full,swa,mamba")
-    r.add_argument("--write-policy", default="write_through", help=", ".join(WRITE_POLICIES))
+    r.add_argument("--write-policy", default="write_through",
+                   help=f"one of {', '.join(WRITE_POLICIES)} (default write_through)")
     r.add_argument("--requests", type=_int_at_least(1, MAX_REQUESTS),
                    help="number of requests (default 200; trace: every line)")
     r.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0,
@@ -100,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--storage-write", choices=STORE_POLICIES, default="write_through",
                    help="when host pages are written to L3 (with --storage)")
     r.add_argument("--prefetch-threshold", type=_int_at_least(0), default=256, metavar="N",
-                   help="tokens past the host match below which no prefetch runs")
+                   help="tokens past the host match below which no prefetch runs "
+                   "(default 256)")
     r.add_argument("--load-back-threshold", type=_int_at_least(0), default=0, metavar="N",
                    help="FULL-only host hits shorter than N tokens are not loaded back "
                    "(default 0)")
@@ -109,17 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     kv_cli.add_run_options(r)
     kv_cli.add_watch_parser(sub)
     d = sub.add_parser("doctor", help="budget, violations and admissions of a store in words")
-    d.add_argument("store")
+    d.add_argument("store", help="a telemetry store (runs/latest.db after a run)")
     u = sub.add_parser("ui", help="open the Streamlit UI on a store")
-    u.add_argument("store")
-    u.add_argument("--port", type=_int_at_least(1, 65535))
+    u.add_argument("store", help="a telemetry store (runs/latest.db after a run)")
+    u.add_argument("--port", type=_int_at_least(1, 65535),
+                   help="port to serve on (default: Streamlit's, 8501)")
+    u.add_argument("--headless", action="store_true",
+                   help="open no browser (a remote machine: forward the port over SSH)")
     u.add_argument("--address", default=LOOPBACK,
                    help=f"interface to listen on (default {LOOPBACK}: this machine only; "
                    "anything else makes the UI reachable from other hosts)")
     u.add_argument("--root", metavar="DIR", help="folder whose stores the sidebar may open "
                    "(default: the store's folder); any other path is refused")
     e = sub.add_parser("export", help="export a store")
-    e.add_argument("store")
+    e.add_argument("store", help="a telemetry store")
     e.add_argument("--perfetto", metavar="FILE", required=True,
                    help="Chrome / Perfetto trace-event JSON (open in ui.perfetto.dev)")
     return p
@@ -150,7 +156,7 @@ def _check_store_target(path: str) -> None:
         with tempfile.TemporaryFile(dir=ancestor):
             pass
     except OSError as e:
-        raise bad(f"cannot be written: {str(ancestor)!r} is not writable "
+        raise bad(f"cannot be written: no file can be made in {str(ancestor)!r} "
                   f"({e.strerror or type(e).__name__})") from None
     if p.exists() and not os.access(p, os.W_OK):
         raise bad("is not writable")
@@ -198,6 +204,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if summary.budget_violations:
         print(f"radixscope run: {summary.budget_violations} admitted requests ran out of memory "
               "in their load-back or first chunk (see radixscope doctor)", file=sys.stderr)
+        return EXIT_PROBLEM
+    rejected = result.engine.rejected
+    if rejected and not result.engine.done:  # nothing ran: the pools are too small for it
+        first = rejected[0]
+        print(f"radixscope run: all {len(rejected)} requests were rejected; the first, "
+              f"{first.rid}: {first.last_reason or first.first_reason}", file=sys.stderr)
+        return EXIT_PROBLEM
+    if result.injection is not None:  # a clean run with a fault in: the demo showed nothing
+        fired = len(result.injection.fired)
+        why = ("never fired: these settings do not reach its buggy path" if not fired else
+               f"fired {fired} times and no check found a problem in this run")
+        print(f"radixscope run: --inject {ns.inject} {why} (docs/zoo.md gives settings that "
+              "do)", file=sys.stderr)
         return EXIT_PROBLEM
     return 0
 
@@ -285,6 +304,8 @@ def cmd_ui(ns: argparse.Namespace) -> int:
            "--browser.gatherUsageStats", "false", "--server.address", ns.address]
     if ns.port is not None:
         cmd += ["--server.port", str(ns.port)]
+    if ns.headless:
+        cmd += ["--server.headless", "true"]
     cmd += ["--", "--store", os.path.abspath(ns.store), "--root", root]
     try:
         return subprocess.call(cmd)
@@ -317,6 +338,9 @@ COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_ex
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``radixscope`` console script. Returns the exit status."""
+    if not (sys.argv[1:] if argv is None else argv):  # bare ``radixscope``: what it can do
+        build_parser().print_help(sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         ns, extra = build_parser().parse_known_args(argv)
         if extra:

@@ -100,15 +100,24 @@ class RunSpec:
         return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu",
                                   load_back_threshold=self.load_back_threshold, **over)
 
-    def storage_setup(self, observer=None):
-        """The cache's L3 tier (None without ``storage``); opens the backend. ``observer``:
-        the prefetch observer (telemetry's ``tel.prefetch_observer``: L3 spans, metrics and
-        events). Bad values raise ValueError naming them."""
+    def storage_setup(self, observer=None, backend=None):
+        """The cache's L3 tier (None without ``storage``); opens the backend unless ``backend``
+        (``open_storage``'s) is given. ``observer``: the prefetch observer (telemetry's
+        ``tel.prefetch_observer``: L3 spans, metrics and events). Bad values raise ValueError
+        naming them."""
         self.check_storage()
         if self.storage is None:
             return None
-        return StorageSetup(open_backend(self.storage), write_policy=self.storage_write,
-                            prefetch=self._prefetch_config(), observer=observer)
+        return StorageSetup(backend or open_backend(self.storage),
+                            write_policy=self.storage_write, prefetch=self._prefetch_config(),
+                            observer=observer)
+
+    def open_storage(self):
+        """The L3 backend ``storage`` names, opened (None without one): ``execute`` opens it
+        before the telemetry store, so a directory or server that cannot be used is refused
+        before the previous run's store is replaced."""
+        self.check_storage()
+        return None if self.storage is None else open_backend(self.storage)
 
     def check_storage(self) -> None:
         """Validate the storage settings without opening anything."""
@@ -149,6 +158,7 @@ class RunResult:
     bundles: list = field(default_factory=list)  # crash bundles written during the run
     injection: object = None  # the zoo fault installed (``radixscope.cache.zoo.Injection``)
     detected_op_id: int | None = None  # the cache's op id when the run stopped on a problem
+    strict: bool = False  # check() after every cache call (``strict``, ``--inject``)
 
     @property
     def ok(self) -> bool:
@@ -167,12 +177,13 @@ def _open_telemetry(path: str | None, mode: str):
 
 
 def _build(spec: RunSpec, recorder_inner, check_each_from: int | None,
-           hooks: list[Hook], tel) -> tuple[Engine, CountingRecorder, TimedCache, CacheConfig]:
+           hooks: list[Hook], tel, backend=None
+           ) -> tuple[Engine, CountingRecorder, TimedCache, CacheConfig]:
     cfg = spec.cache_config()
     reqs = workloads.build(spec.workload, spec.requests, spec.seed, spec.trace,
                            **spec.workload_options)
     counter = CountingRecorder(recorder_inner)
-    storage = spec.storage_setup(getattr(tel, "prefetch_observer", None))
+    storage = spec.storage_setup(getattr(tel, "prefetch_observer", None), backend)
     cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=storage), counter)
     engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
                     model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
@@ -215,15 +226,22 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     workloads.build(spec.workload, 1 if spec.workload != "trace" else spec.requests, spec.seed,
                     spec.trace, **spec.workload_options)
     spec.engine_config()
+    backend = spec.open_storage()  # a bad L3 target is refused before the store is replaced
+    try:
+        tel = _open_telemetry(spec.store, spec.telemetry_mode)
+    except BaseException:
+        if backend is not None:
+            backend.close()
+        raise
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the engine's tensors are small: intra-op threads only cost
-    tel = _open_telemetry(spec.store, spec.telemetry_mode)
     bundles = None
     cache = None
     try:
         engine, counter, cache, cfg = _build(spec, tel.recorder if tel else None,
-                                             1 if strict else None, [fault, on_step], tel)
-        result = RunResult(spec, cfg, engine, counter, cache, 0.0, spec.store)
+                                             1 if strict else None, [fault, on_step], tel,
+                                             backend)
+        result = RunResult(spec, cfg, engine, counter, cache, 0.0, spec.store, strict=strict)
         if inject is not None:
             result.injection = zoo.inject(cache.cache, inject)
             if tel is not None:
@@ -260,6 +278,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
         try:  # L3: stop the prefetch worker and the store writer
             if cache is not None:
                 _close(cache.cache, result if "result" in locals() else None)
+            elif backend is not None:  # the cache was never built
+                backend.close()
         finally:  # a close that raises still leaves the bundles and telemetry closed
             if bundles is not None:
                 bundles.close()

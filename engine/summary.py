@@ -69,7 +69,7 @@ class Summary:
     verified_prefixes: int
     verified_tokens: int
     budget_violations: int
-    checked: bool
+    checked: bool  # check() after every step (--check-invariants)
     error: str | None
     error_kind: str | None
     store: str | None
@@ -77,6 +77,7 @@ class Summary:
     storage: str | None = None      # the L3 backend spec
     storage_line: str = ""          # what L3 did: pages written / failed, prefetches
     kernels: str = native.KERNELS   # the cache's hot-path kernels: "native" or "python"
+    strict: bool = False            # check() after every cache call (--inject)
     # branching points (hybrids): admissions whose match reported one; filled in by an insert;
     # MAMBA states kept there
     branch_points: int = 0
@@ -137,7 +138,7 @@ def summarize(result: RunResult) -> Summary:
         budget_violations=len(d.budget_violations), checked=result.spec.check_invariants,
         error=result.error, error_kind=result.error_kind, store=result.store,
         bundles=tuple(str(p) for p in result.bundles), storage=result.spec.storage,
-        storage_line=_storage_line(result), branch_points=d.branch_points,
+        storage_line=_storage_line(result), strict=result.strict, branch_points=d.branch_points,
         branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states)
 
 
@@ -148,8 +149,11 @@ def _storage_line(result: RunResult) -> str:
     st = cache.storage_stats()
     w, p = st.writes, st.prefetch
     failed = ", ".join(f"{k} {v:,}" for k, v in sorted(w.pages_failed.items())) or "none failed"
-    return (f"{st.backend.backend}, {cache.storage.write_policy}: {w.pages_stored:,} pages "
-            f"written ({failed}); prefetch {cache.storage.prefetch.policy.value}: "
+    if w.write_back_pages:  # written synchronously as eviction demoted their nodes
+        failed = f"{w.write_back_pages:,} of them by write_back, {failed}"
+    return (f"{st.backend.backend}, {cache.storage.write_policy}: "
+            f"{w.pages_stored + w.write_back_pages:,} pages written ({failed}); prefetch "
+            f"{cache.storage.prefetch.policy.value}: "
             f"{p.started:,} started, {p.prefetched_tokens:,} tokens brought")
 
 
@@ -182,9 +186,8 @@ def format_summary(s: Summary) -> str:
     lines.append("  evictions    " + (", ".join(ev_parts) if ev_parts else "none"))
     for kind, label, count in (("backup", "backups", s.backups),
                                ("load_back", "load-backs", s.load_backs)):
-        parts = [f"{c} {n:,}" for k, c, n in s.moved if k == kind and n]
-        lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)} slots)" if parts
-                                                    else ""))
+        parts = [f"{c} {n:,} {rules(c).unit}" for k, c, n in s.moved if k == kind and n]
+        lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)})" if parts else ""))
     lines.append(f"  op latency   op              count    p50 us    p99 us   ({s.kernels} "
                  "kernels)")
     for o in s.latency:
@@ -196,6 +199,8 @@ def format_summary(s: Summary) -> str:
                  "their load-back or first chunk")
     if s.error_kind == "invariant":
         inv = "VIOLATED: " + (s.error or "")
+    elif s.strict:
+        inv = "ok (check() after every cache call)"
     elif s.checked:
         inv = "ok (check() after every step)"
     else:

@@ -2,7 +2,7 @@
 slot a match returns (load-backs left in flight, polled later in any order, duplicates refused),
 and the journal replayed onto the first snapshot equal to the live snapshot.
 
-Two profiles (see README.md, "Quickstart"): CI (seeded, this file under a minute on one core) and
+Two profiles (see README.md, "Development"): CI (seeded, this file under a minute on one core) and
 long (``RADIXSCOPE_FUZZ=long``: random seeds, ``RADIXSCOPE_FUZZ_OPS`` operations in all, the
 configs split across processes with ``RADIXSCOPE_FUZZ_SHARD=i/n``). Both cover the three-tier
 configs (a file backend, clean or faulty) beside the two-tier ones."""

@@ -49,6 +49,7 @@ def test_run_prints_the_summary(run_dir):
     assert "  invariants   ok (check() after every step)" in out
     assert [line.split()[0] for line in out[4:7]] == ["full", "swa", "mamba"]
     assert (d / "runs" / "small.db").is_file()
+    assert not (d / "runs" / "bundles").exists()  # a clean run leaves no empty bundles folder
     assert p.stderr == ""  # no TTY: no progress bar
 
 
@@ -231,3 +232,52 @@ def test_run_keeps_startup_objects_out_of_the_collectors_way_and_hands_them_back
     finally:
         gc.unfreeze()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("storage", ["file:", "file:{file}", "file:/proc/radixscope-nope"])
+def test_a_bad_storage_target_leaves_the_previous_store_alone(storage, tmp_path, capsys):
+    """The L3 target is opened before the store is replaced: a bad one is one line naming it,
+    and the previous run's store still reads."""
+    store = str(tmp_path / "latest.db")
+    assert main(["run", *SMALL, "--store", store, "--no-progress"]) == 0
+    before = open_store(store).last_seq()
+    assert before > 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    capsys.readouterr()
+    assert main(["run", *SMALL, "--store", store, "--no-progress",
+                 "--storage", storage.format(file=blocker)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "storage" in err, err
+    assert open_store(store).last_seq() == before
+
+
+def test_an_injection_that_never_fires_is_a_problem_not_a_clean_run(tmp_path, capsys):
+    """``--inject`` is a demo: a run whose fault's buggy path was never reached says so and
+    exits 1 rather than printing a clean summary with exit 0; strict checking is reported."""
+    args = ["run", "--workload", "fewshot", "--requests", "3", "--no-store", "--no-progress",
+            "--inject", "lock_evicted_segment"]
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert "  invariants   ok (check() after every cache call)" in out.splitlines()
+    assert err.splitlines() == ["radixscope run: --inject lock_evicted_segment never fired: "
+                                "these settings do not reach its buggy path (docs/zoo.md gives "
+                                "settings that do)"]
+
+
+def test_a_run_that_rejects_every_request_says_why_and_fails(capsys):
+    assert main(["run", "--device-tokens", "8", "--requests", "3", "--no-store",
+                 "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "0 finished, 3 rejected of 3" in out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("radixscope run: all 3 requests were "
+                                                   "rejected; the first, "), lines
+    assert "but the pool holds 8" in lines[0]
+
+
+def test_bare_radixscope_prints_what_it_can_do(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: radixscope ")
+    assert all(f"    {c}" in err for c in ("run", "doctor", "ui", "export")), err

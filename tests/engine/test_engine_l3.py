@@ -48,6 +48,27 @@ def test_second_run_hits_in_l3_what_the_first_wrote(tmp_path, capsys):
     assert "invariants   ok" in out
 
 
+def test_write_back_pages_are_counted_in_the_summary(tmp_path):
+    """Under ``--storage-write write_back`` pages are written as eviction demotes their nodes;
+    the summary counts them with the rest, and the files are there."""
+    spec = RunSpec(workload="chat", requests=20, seed=3, store=None, preset="full",
+                   sizes=dict(device_tokens=1024, host_tokens=2048),
+                   storage=f"file:{tmp_path / 'l3'}", storage_write="write_back",
+                   telemetry_mode="inline")
+    r = execute(spec)
+    assert r.ok, r.error
+    w = r.cache.cache.storage_stats().writes
+    assert w.write_back_pages > 0
+    line = summarize(r).storage_line
+    m = re.search(r": ([\d,]+) pages written \(([\d,]+) of them by write_back, ", line)
+    assert m, line
+    written = int(m.group(1).replace(",", ""))
+    assert written == w.pages_stored + w.write_back_pages
+    assert int(m.group(2).replace(",", "")) == w.write_back_pages
+    assert written == sum(1 for p in (tmp_path / "l3").rglob("*") if p.is_file()
+                          and not p.name.startswith("."))
+
+
 def _engine(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "run", *args],

@@ -37,9 +37,9 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: IO, timeout_s: float = 
 
 
 @contextlib.contextmanager
-def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60
-               ) -> Iterator[tuple[subprocess.Popen, int]]:
-    """``radixscope ui STORE --port N`` on a free local port with exactly ``env`` (plus
+def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60,
+               args: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen, int]]:
+    """``radixscope ui STORE --port N [ARGS]`` on a free local port with exactly ``env`` (plus
     ``PYTHONPATH``), waited for; yields the process and its port, and stops the whole process
     group it started afterwards."""
     root = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60
     log = open(Path(log_dir) / "streamlit.log", "w+")  # noqa: SIM115
     # `radixscope ui STORE --port N` (engine/cli.py): streamlit run ui/app.py -- --store STORE
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port", str(port)],
+        [sys.executable, "-m", "radixscope.engine.cli", "ui", str(store), "--port", str(port),
+         *args],
         cwd=root, env=dict(env, PYTHONPATH=str(root)), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
@@ -67,8 +68,9 @@ def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60
 
 @contextlib.contextmanager
 def radixscope_ui(store, log_dir) -> Iterator[str]:
-    """``started_ui`` headless, bound to 127.0.0.1, no usage stats; yields its URL."""
-    env = dict(os.environ, STREAMLIT_SERVER_HEADLESS="true", STREAMLIT_SERVER_ADDRESS="127.0.0.1",
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    with started_ui(store, log_dir, env) as (_proc, port):
+    """``started_ui --headless`` (the flag, not Streamlit's variable: the browser tests hold
+    it to working), bound to 127.0.0.1, no usage stats; yields its URL."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMLIT_SERVER_HEADLESS"}
+    env.update(STREAMLIT_SERVER_ADDRESS="127.0.0.1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    with started_ui(store, log_dir, env, args=("--headless",)) as (_proc, port):
         yield f"http://127.0.0.1:{port}"

@@ -123,6 +123,17 @@ def test_engine_store_time_travel_page(engine_run):
                for c in at.caption)
 
 
+def test_time_travel_names_an_op_of_no_request_as_such(engine_run):
+    ops = engine_run["ops"]
+    free = ops[ops["req_id"].isna() & (ops["seq_last"] >= ops["seq_first"])]
+    assert len(free), "the run recorded no op outside a request"
+    op = free.iloc[0]
+    at = _app(engine_run["path"], "time_travel", seq=int(op["seq_last"]))
+    caption = next(c.value for c in at.caption if c.value.startswith("state left by op "))
+    assert f"op {op['op_id']} `{op['op']}` (no request, " in caption, caption
+    assert "nan" not in caption
+
+
 def test_engine_store_health_page(engine_run):
     at = _app(engine_run["path"], "health")
     metrics = {m.label: m.value for m in at.metric}

@@ -3,6 +3,7 @@ between two seqs."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from radixscope.ui import context, data
@@ -35,8 +36,9 @@ else:
 ops = data.ops(ctx.path, last)
 op = health.causing_op(ops, seq)
 if op is not None:
-    st.caption(f"state left by op {op['op_id']} `{op['op']}` (request {op['req_id']}, "
-               f"{op['details']})")
+    req = None if pd.isna(op["req_id"]) else op["req_id"]  # an op of no request: NaN in ops
+    st.caption(f"state left by op {op['op_id']} `{op['op']}` "
+               f"({f'request {req}, ' if req else 'no request, '}{op['details']})")
 render_tree(ctx.path, seq, KEY)
 
 st.markdown("### What changed")
