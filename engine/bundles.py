@@ -70,7 +70,3 @@ class RunBundles:
         if self.cache.error_hook == self._hook:
             self.cache.error_hook = self.bundler.previous_hook
         self.cache.bundle_writer = None
-        try:  # a clean run leaves no empty bundles folder behind (one with files stays)
-            self.directory.rmdir()
-        except OSError:
-            pass

@@ -182,12 +182,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
                    load_back_threshold=ns.load_back_threshold)
     bar = ProgressBar(0, enabled=False if ns.no_progress else None)
     # what exists before the run (torch's ~165 k objects, the imports) stays: out of the
-    # collector's way for the run, a full collection takes ~15-20 ms instead of ~100
+    # collector's way for the run, a full collection takes ~15-22 ms instead of ~65-107
     # (bench/RESULTS.md, "#17, fifteenth round"), as a serving engine freezes after warm-up;
-    # handed back after (unless the caller had frozen its own), so a caller of ``main`` in its
-    # own process collects as before
+    # handed back after, so a caller of ``main`` in its own process collects as before (a
+    # caller that froze its own objects has chosen: nothing is frozen or unfrozen for it)
     frozen = gc.get_freeze_count()
-    gc.freeze()
+    if not frozen:
+        gc.freeze()
     try:
         result = execute(spec, on_step=lambda e: _draw(bar, e), inject=ns.inject)
     except (ValueError, OSError) as e:  # bad settings; a store path that cannot be written

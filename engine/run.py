@@ -108,14 +108,16 @@ class RunSpec:
         self.check_storage()
         if self.storage is None:
             return None
-        return StorageSetup(backend or open_backend(self.storage),
+        return StorageSetup(backend if backend is not None else open_backend(self.storage),
                             write_policy=self.storage_write, prefetch=self._prefetch_config(),
                             observer=observer)
 
     def open_storage(self):
-        """The L3 backend ``storage`` names, opened (None without one): ``execute`` opens it
-        before the telemetry store, so a directory or server that cannot be used is refused
-        before the previous run's store is replaced."""
+        """The L3 backend ``storage`` names, opened (None without one); the caller closes it.
+        ``execute`` opens it before the telemetry store, so a target refused at open (a file
+        directory that cannot be used, a malformed spec, a Mooncake store that does not
+        answer) leaves the previous run's store alone. Redis connects on first use: a server
+        that is down shows as failed L3 pages in the run's summary, as a live L3 outage would."""
         self.check_storage()
         return None if self.storage is None else open_backend(self.storage)
 
@@ -184,9 +186,14 @@ def _build(spec: RunSpec, recorder_inner, check_each_from: int | None,
                            **spec.workload_options)
     counter = CountingRecorder(recorder_inner)
     storage = spec.storage_setup(getattr(tel, "prefetch_observer", None), backend)
-    cache = TimedCache(HiRadixCache(cfg, recorder=counter, storage=storage), counter)
-    engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
-                    model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
+    hc = HiRadixCache(cfg, recorder=counter, storage=storage)
+    try:
+        cache = TimedCache(hc, counter)
+        engine = Engine(cache, reqs, spec.engine_config(check_each_from), telemetry=tel,
+                        model_name=f"standin-{spec.preset_name()}", on_step=_chain(hooks))
+    except BaseException:  # the caller never gets the cache: stop its L3 workers here
+        hc.close()
+        raise
     return engine, counter, cache, cfg
 
 
@@ -275,11 +282,13 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
                 tel.record_violation(result.error, kind=result.error_kind, details=details)
             _abort(engine, result)
     finally:
-        try:  # L3: stop the prefetch worker and the store writer
-            if cache is not None:
-                _close(cache.cache, result if "result" in locals() else None)
-            elif backend is not None:  # the cache was never built
-                backend.close()
+        try:  # L3: stop the prefetch worker and the store writer, then the backend
+            try:
+                if cache is not None:
+                    _close(cache.cache, result if "result" in locals() else None)
+            finally:
+                if backend is not None:  # execute opened it: the cache does not close it
+                    backend.close()
         finally:  # a close that raises still leaves the bundles and telemetry closed
             if bundles is not None:
                 bundles.close()
@@ -335,17 +344,22 @@ def locate(spec: RunSpec, step: int, original: InvariantViolation, fault: Hook |
            ) -> dict:
     """Re-run ``spec`` without a store, checking after every cache call from ``step`` on, to
     name the operation that first broke an invariant seen after ``step``."""
-    engine = None
+    engine = backend = None
     try:
-        engine, *_ = _build(replace(spec, store=None), None, step, [fault], None)
+        backend = spec.open_storage()
+        engine, *_ = _build(replace(spec, store=None), None, step, [fault], None, backend)
         engine.run()
     except OpViolation as e:
         return op_violation(e, engine.step_no)
     except Exception:  # noqa: BLE001 - fall back to the step-level report below
         pass
     finally:
-        if engine is not None:
-            engine.cache.cache.close()
+        try:
+            if engine is not None:
+                engine.cache.cache.close()
+        finally:
+            if backend is not None:
+                backend.close()
     name, node, detail = original.violations[0]
     at = f"at node {node}" if node is not None else "(pool-wide)"
     return {"message": f"step {step}: invariant {name} broken {at}: {detail} (the re-run could "

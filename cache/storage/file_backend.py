@@ -62,23 +62,22 @@ class FileBackend(StorageBackend):
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
             raise ValueError(f"max_bytes must be an int >= 1 or None, got {max_bytes!r}")
         self.dir = Path(directory)
-        if self.dir.exists() and not self.dir.is_dir():
-            raise ValueError(f"file storage directory {str(self.dir)!r} is a file, not a "
-                             "directory")
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(self.dir, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "not writable")
-        except OSError as e:
-            raise ValueError(f"file storage directory {str(self.dir)!r} cannot be used: "
-                             f"{e.strerror or type(e).__name__}") from None
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # file name -> bytes, LRU first
         self._used = 0
         self._evicted = 0
-        self._scan()
+        try:
+            if self.dir.exists() and not self.dir.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "is a file, not a directory")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.dir, os.R_OK | os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not readable and writable")
+            self._scan()
+        except OSError as e:
+            raise ValueError(f"file storage directory {str(self.dir)!r} cannot be used: "
+                             f"{e.strerror or type(e).__name__}") from None
 
     def _scan(self) -> None:
         found = []

@@ -49,7 +49,6 @@ def test_run_prints_the_summary(run_dir):
     assert "  invariants   ok (check() after every step)" in out
     assert [line.split()[0] for line in out[4:7]] == ["full", "swa", "mamba"]
     assert (d / "runs" / "small.db").is_file()
-    assert not (d / "runs" / "bundles").exists()  # a clean run leaves no empty bundles folder
     assert p.stderr == ""  # no TTY: no progress bar
 
 
@@ -224,11 +223,13 @@ def test_run_keeps_startup_objects_out_of_the_collectors_way_and_hands_them_back
     assert gc.get_freeze_count() == 0
     assert main(["run", *SMALL, "--no-store", "--no-progress"]) == 0
     assert seen[0] > 1000 and gc.get_freeze_count() == 0
-    gc.freeze()  # a caller that froze its own objects keeps them frozen
+    gc.freeze()  # a caller that froze its own objects: nothing more frozen, nothing thawed
     try:
         kept = gc.get_freeze_count()
         assert main(["run", *SMALL, "--no-store", "--no-progress"]) == 0
-        assert gc.get_freeze_count() >= kept
+        # nothing more frozen for the run, nothing thawed after (frozen objects may still be
+        # freed by reference count, so the count can only fall)
+        assert seen[1] <= kept and 0 < gc.get_freeze_count() <= kept
     finally:
         gc.unfreeze()
     capsys.readouterr()

@@ -69,6 +69,26 @@ def test_write_back_pages_are_counted_in_the_summary(tmp_path):
                           and not p.name.startswith("."))
 
 
+def test_a_run_closes_the_l3_backend_it_opened(redis_server):  # noqa: F811
+    """``execute`` opens the L3 backend (before the store) and closes it at the end: no
+    connection of the run's is left on the server."""
+    import redis
+
+    url = f"redis://127.0.0.1:{redis_server.port}"
+    r = execute(RunSpec(workload="chat", requests=4, store=None, storage=url,
+                        telemetry_mode="inline"))
+    assert r.ok, r.error
+    probe = redis.Redis.from_url(url)
+    try:
+        assert probe.dbsize() > 0  # the run did use the server
+        deadline = time.monotonic() + 10
+        while len(probe.client_list()) > 1:  # the probe's own connection
+            assert time.monotonic() < deadline, probe.client_list()
+            time.sleep(0.05)
+    finally:
+        probe.close()
+
+
 def _engine(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "run", *args],
