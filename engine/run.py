@@ -161,6 +161,8 @@ class RunResult:
     injection: object = None  # the zoo fault installed (``radixscope.cache.zoo.Injection``)
     detected_op_id: int | None = None  # the cache's op id when the run stopped on a problem
     strict: bool = False  # check() after every cache call (``strict``, ``--inject``)
+    # the L3 tier's counters at the end, read before ``execute`` closes the backend
+    storage_stats: object = None
 
     @property
     def ok(self) -> bool:
@@ -286,6 +288,8 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             try:
                 if cache is not None:
                     _close(cache.cache, result if "result" in locals() else None)
+                    if "result" in locals() and cache.cache.storage is not None:
+                        result.storage_stats = cache.cache.storage_stats()
             finally:
                 if backend is not None:  # execute opened it: the cache does not close it
                     backend.close()

@@ -146,7 +146,7 @@ def _storage_line(result: RunResult) -> str:
     cache = result.cache.cache
     if cache.storage is None:
         return ""
-    st = cache.storage_stats()
+    st = result.storage_stats or cache.storage_stats()  # the backend is closed after a run
     w, p = st.writes, st.prefetch
     failed = ", ".join(f"{k} {v:,}" for k, v in sorted(w.pages_failed.items())) or "none failed"
     if w.write_back_pages:  # written synchronously as eviction demoted their nodes

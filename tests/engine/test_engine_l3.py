@@ -71,13 +71,15 @@ def test_write_back_pages_are_counted_in_the_summary(tmp_path):
 
 def test_a_run_closes_the_l3_backend_it_opened(redis_server):  # noqa: F811
     """``execute`` opens the L3 backend (before the store) and closes it at the end: no
-    connection of the run's is left on the server."""
+    connection of the run's is left on the server, and the summary reads the counters kept at
+    the end rather than opening one again."""
     import redis
 
     url = f"redis://127.0.0.1:{redis_server.port}"
     r = execute(RunSpec(workload="chat", requests=4, store=None, storage=url,
                         telemetry_mode="inline"))
     assert r.ok, r.error
+    assert "pages written (none failed)" in summarize(r).storage_line
     probe = redis.Redis.from_url(url)
     try:
         assert probe.dbsize() > 0  # the run did use the server
