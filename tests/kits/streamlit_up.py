@@ -68,8 +68,8 @@ def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60,
 
 @contextlib.contextmanager
 def radixscope_ui(store, log_dir) -> Iterator[str]:
-    """``started_ui --headless`` (the flag, not Streamlit's variable: the browser tests hold
-    it to working), bound to 127.0.0.1, no usage stats; yields its URL."""
+    """``started_ui --headless`` (the flag a user passes, not Streamlit's variable), bound to
+    127.0.0.1, no usage stats; yields its URL."""
     env = {k: v for k, v in os.environ.items() if k != "STREAMLIT_SERVER_HEADLESS"}
     env.update(STREAMLIT_SERVER_ADDRESS="127.0.0.1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     with started_ui(store, log_dir, env, args=("--headless",)) as (_proc, port):

@@ -98,6 +98,28 @@ def test_radixscope_ui_listens_on_loopback_only(tmp_path):
             pass
 
 
+def test_radixscope_ui_headless_starts_streamlit_headless(tmp_path):
+    """``--headless`` reaches Streamlit: its ``streamlit run`` process (the CLI's child, in
+    the group the test started) carries ``--server.headless true``, with no environment
+    variable to set it otherwise."""
+    store = tmp_path / "run.db"
+    make_store(store)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_SERVER_HEADLESS")}
+    env.update(STREAMLIT_SERVER_ADDRESS="127.0.0.1")
+    with started_ui(store, tmp_path, env, 90, args=("--headless",)) as (proc, _port):
+        argvs = []
+        for pid in _group_pids(proc.pid):
+            try:
+                argvs.append((Path(f"/proc/{pid}/cmdline").read_bytes()).split(b"\0"))
+            except OSError:
+                continue
+        runs = [a for a in argvs if b"streamlit" in a and b"run" in a]
+        assert runs, argvs
+        argv = runs[0]
+        i = argv.index(b"--server.headless")
+        assert argv[i + 1] == b"true", argv
+
+
 # ---- the root restriction, pure -----------------------------------------------------------
 @pytest.fixture()
 def tree(tmp_path) -> dict[str, Path]:
