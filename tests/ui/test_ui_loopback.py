@@ -110,7 +110,7 @@ def test_radixscope_ui_headless_starts_streamlit_headless(tmp_path):
         argvs = []
         for pid in _group_pids(proc.pid):
             try:
-                argvs.append((Path(f"/proc/{pid}/cmdline").read_bytes()).split(b"\0"))
+                argvs.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
             except OSError:
                 continue
         runs = [a for a in argvs if b"streamlit" in a and b"run" in a]
