@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: from --components, else hybrid)")
     r.add_argument("--components", type=_components, help="full | full,swa | full,mamba | "
                    "full,swa,mamba")
-    r.add_argument("--write-policy", default="write_through",
-                   help=f"one of {', '.join(WRITE_POLICIES)} (default write_through)")
+    r.add_argument("--write-policy", choices=WRITE_POLICIES, default="write_through",
+                   help="when device pages are backed up to host (default write_through)")
     r.add_argument("--requests", type=_int_at_least(1, MAX_REQUESTS),
                    help="number of requests (default 200; trace: every line)")
     r.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0,

@@ -36,6 +36,9 @@ STORAGE_SCHEMES = ("file:", "redis://", "mooncake://")
 PREFETCH_POLICIES = tuple(p.value for p in StopPolicy)
 SIZE_FIELDS = ("page_size", "device_tokens", "host_tokens", "swa_device_tokens",
                "swa_host_tokens", "mamba_slots", "mamba_host_slots")
+# pools sized in tokens: a preset's follow ``page_size`` when only it is set (a user's are
+# taken as given, and refused by CacheConfig when not whole pages)
+_TOKEN_POOLS = ("device_tokens", "host_tokens", "swa_device_tokens", "swa_host_tokens")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ class RunSpec:
                     raise ValueError(f"{k}={v} is for the {comp!r} component, which preset "
                                      f"{name!r} does not have")
                 over[k] = v
+        page = over.get("page_size", PRESETS[name]["page_size"])
+        for k in _TOKEN_POOLS:  # the preset's token pools, rounded down to whole pages
+            if k not in over and PRESETS[name].get(k) is not None:
+                over[k] = max(page, PRESETS[name][k] // page * page)
         return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu",
                                   load_back_threshold=self.load_back_threshold, **over)
 
@@ -116,10 +123,18 @@ class RunSpec:
         """The L3 backend ``storage`` names, opened (None without one); the caller closes it.
         ``execute`` opens it before the telemetry store, so a target refused at open (a file
         directory that cannot be used, a malformed spec, a Mooncake store that does not
-        answer) leaves the previous run's store alone. Redis connects on first use: a server
-        that is down shows as failed L3 pages in the run's summary, as a live L3 outage would."""
+        answer, a Redis server that does not answer its ``probe``) leaves the previous run's
+        store alone. Once the run is going, an outage shows as failed L3 pages in its summary."""
         self.check_storage()
-        return None if self.storage is None else open_backend(self.storage)
+        if self.storage is None:
+            return None
+        backend = open_backend(self.storage)
+        try:
+            backend.probe()
+        except BaseException:
+            backend.close()
+            raise
+        return backend
 
     def check_storage(self) -> None:
         """Validate the storage settings without opening anything."""

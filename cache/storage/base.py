@@ -92,6 +92,12 @@ class StorageBackend(ABC):
     def close(self) -> None:  # noqa: B027 -- optional hook
         """Release connections and files. Idempotent."""
 
+    def probe(self) -> None:  # noqa: B027 -- optional hook
+        """Raise ValueError naming the backend when it cannot be reached now (a server that is
+        down, a wrong port). The cache never calls it: a live outage is failed pages, counted,
+        not an error; a caller that wants a wrong target refused up front (``radixscope run
+        --storage``) probes once after opening. Backends opened connected do nothing here."""
+
     # ---- public operations ----
     def batch_exists(self, keys: Sequence[str]) -> ExistsResult:
         """How many of ``keys`` exist contiguously from the first (stops at the first gap).

@@ -13,7 +13,8 @@
 - Several processes share one server: what one wrote, another reads (SET NX makes concurrent
   writers of the same page harmless).
 - Connection loss, timeouts and a restarted server come back as ``ERROR``/``TIMEOUT`` statuses;
-  the client reconnects on the next call.
+  the client reconnects on the next call. Opening does not connect (unless ``maxmemory`` is
+  given); ``probe()`` pings once, for a caller that wants a wrong target refused up front.
 
 Thread-safe: redis-py clients share a connection pool; each call uses its own pipeline.
 """
@@ -54,8 +55,12 @@ class RedisBackend(StorageBackend):
         if maxmemory is not None:
             if not isinstance(maxmemory, int) or maxmemory < 1:
                 raise ValueError(f"maxmemory must be an int >= 1, got {maxmemory!r}")
-            self._client.config_set("maxmemory", str(maxmemory))
-            self._client.config_set("maxmemory-policy", "allkeys-lru")
+            try:
+                self._client.config_set("maxmemory", str(maxmemory))
+                self._client.config_set("maxmemory-policy", "allkeys-lru")
+            except redis.RedisError as e:
+                self.close()
+                raise ValueError(f"redis {url}: cannot set maxmemory={maxmemory} ({e})") from None
 
     def _classify(self, exc: BaseException) -> PageStatus:
         if isinstance(exc, (self._redis.TimeoutError, TimeoutError)):
@@ -119,6 +124,13 @@ class RedisBackend(StorageBackend):
         keys = self._client.dbsize()
         evicted = self._client.info("stats").get("evicted_keys", -1)
         return int(keys), int(info.get("used_memory", -1)), int(evicted)
+
+    def probe(self) -> None:
+        """One PING: a server that is down or does not speak Redis is refused, naming it."""
+        try:
+            self._client.ping()
+        except self._redis.RedisError as e:
+            raise ValueError(f"redis {self.url}: no Redis server answers ({e})") from None
 
     def close(self) -> None:
         try:

@@ -13,10 +13,12 @@ import pytest
 
 from radixscope.engine import cli
 from radixscope.engine.cli import main
+from tests.kits.storagekit import free_port
 from tests.kits.ui_store import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGE = str(10**13)
+_DOWN = free_port()  # a loopback port nothing listens on
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,8 @@ RUN_CASES = [  # (id, args, text the one line must hold)
     ("seed huge", ["--seed", str(2**70)], f"{2**70} must be <= 4294967295"),
     ("seed float", ["--seed", "1.5"], "'1.5' is not an integer"),
     ("page size zero", ["--page-size", "0"], "0 must be >= 1"),
-    ("page size not dividing", ["--page-size", "3"], "page_size=3"),
+    ("pool not whole pages", ["--page-size", "3", "--device-tokens", "1000"],
+     "device_tokens=1000: must be a multiple of page_size=3"),
     ("device tokens zero", ["--device-tokens", "0"], "0 must be >= 1"),
     ("device tokens huge", ["--device-tokens", HUGE], "bytes"),
     ("host tokens negative", ["--host-tokens", "-1"], "-1 must be >= 0"),
@@ -77,6 +80,11 @@ RUN_CASES = [  # (id, args, text the one line must hold)
     ("storage spec unknown", ["--storage", "s3://bucket"], "'s3://bucket'"),
     ("storage file without dir", ["--storage", "file:"], "file: needs a directory"),
     ("prefetch threshold negative", ["--prefetch-threshold", "-1"], "-1 must be >= 0"),
+    # a Redis target is probed once when the run opens it: nothing listens on a free port
+    ("storage redis down", ["--storage", f"redis://127.0.0.1:{_DOWN}"],
+     f"redis redis://127.0.0.1:{_DOWN}: no Redis server answers"),
+    ("storage redis down, maxmemory", ["--storage", f"redis://127.0.0.1:{_DOWN}?maxmemory=9999"],
+     f"redis redis://127.0.0.1:{_DOWN}: cannot set maxmemory=9999"),
 ]
 
 

@@ -135,8 +135,8 @@ def junk(tmp_path):
      "--components full does not match --preset swa (components full,swa)"),
     (["run", "--preset", "big", "--no-store"], "radixscope run: error: unknown preset 'big'; "
      "choose one of full, hybrid, mamba, swa"),
-    (["run", "--write-policy", "sometimes", "--no-store"], "radixscope run: error: "
-     "CacheConfig.write_policy='sometimes': must be one of ('write_through', "
+    (["run", "--write-policy", "sometimes", "--no-store"], "radixscope run: error: argument "
+     "--write-policy: invalid choice: 'sometimes' (choose from 'write_through', "
      "'write_through_selective', 'write_back')"),
     (["run", "--workload", "trace", "--no-store"], "radixscope run: error: workload 'trace' "
      "needs a trace file (--trace FILE)"),
@@ -233,6 +233,23 @@ def test_run_keeps_startup_objects_out_of_the_collectors_way_and_hands_them_back
     finally:
         gc.unfreeze()
     capsys.readouterr()
+
+
+def test_a_page_size_alone_rounds_the_presets_token_pools_to_whole_pages(capsys):
+    """``--page-size 3`` on its own runs: the preset's token pools (4,096 device, 16,384 host,
+    2,048 / 8,192 SWA) are rounded down to whole pages; a pool the user set is taken as given
+    (and refused when it is not whole pages, see test_engine_bad_input.py)."""
+    from radixscope.engine.run import RunSpec
+
+    c = RunSpec(sizes={"page_size": 3}).cache_config()
+    assert (c.page_size, c.device_tokens, c.host_tokens, c.swa_device_tokens,
+            c.swa_host_tokens) == (3, 4095, 16383, 2046, 8190)
+    c = RunSpec(sizes={"page_size": 3, "host_tokens": 3000}).cache_config()
+    assert (c.device_tokens, c.host_tokens) == (4095, 3000)
+    assert RunSpec(sizes={"page_size": 8192}, preset="full").cache_config().device_tokens == 8192
+    assert main(["run", "--workload", "fewshot", "--requests", "8", "--page-size", "3",
+                 "--no-store", "--no-progress", "--check-invariants"]) == 0
+    assert "invariants   ok" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("storage", ["file:", "file:{file}", "file:/proc/radixscope-nope"])
