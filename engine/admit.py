@@ -262,7 +262,8 @@ class Admitter:
                    anchor: int | None = None) -> None:
         v = BudgetViolation(seq.rid, stage, str(e), adm, anchor)
         self.budget_violations.append(v)
-        if self.tel is not None:
+        if self.tel is not None and self.on_violation is None:  # a strict run stops here and
+            # records the violation once, with its blame and bundle (``engine.run.execute``)
             self.tel.record_violation(
                 f"request {seq.rid} passed admission but its {stage} ran out of memory: {e}",
                 kind="budget", details={"req_id": seq.rid, "stage": stage, "admission": adm})

@@ -3,7 +3,7 @@
 Bad input (an unknown workload, a negative size, a missing or corrupt store...) prints one line
 ``radixscope <command>: error: ...`` on stderr and exits 2; never a traceback. ``run`` exits 1
 when the run found a problem (content mismatch, invariant violation, an admitted request out of
-memory, a stuck engine).
+memory, a stuck engine, a store telemetry could not complete).
 """
 
 from __future__ import annotations
@@ -168,9 +168,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from radixscope.engine.summary import format_summary, summarize
 
     store = None if ns.no_store else ns.store
+    try:
+        kv_cli.apply_run_options(ns)
+    except ValueError as e:
+        raise UsageError(f"radixscope run: error: {e}") from None
     if store is not None:
         _check_store_target(store)
-    kv_cli.apply_run_options(ns)
     spec = RunSpec(workload=ns.workload, requests=ns.requests, seed=ns.seed, preset=ns.preset,
                    components=ns.components, write_policy=ns.write_policy,
                    sizes={f: getattr(ns, f) for f in SIZE_FIELDS if getattr(ns, f) is not None},
@@ -201,6 +204,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     print(format_summary(summary))
     if result.error is not None:
         print(f"radixscope run: {result.error_kind} problem: {result.error}", file=sys.stderr)
+        return EXIT_PROBLEM
+    if summary.telemetry_problem:
+        print(f"radixscope run: the store {result.store} is incomplete: "
+              f"{summary.telemetry_problem}", file=sys.stderr)
         return EXIT_PROBLEM
     if summary.budget_violations:
         print(f"radixscope run: {summary.budget_violations} admitted requests ran out of memory "
@@ -319,18 +326,45 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
     _open_checked(ns.store, "export").close()
     out = Path(ns.perfetto)
-    if out.is_dir():
-        raise UsageError(f"radixscope export: error: --perfetto {ns.perfetto!r} is a directory")
-    if not out.parent.exists():
-        raise UsageError(f"radixscope export: error: directory {str(out.parent)!r} does not "
-                         "exist")
+    _check_trace_target(ns.perfetto, ns.store)
     try:
         counts = export_perfetto(ns.store, out)
     except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged or hostile file
         raise UsageError(f"radixscope export: error: {ns.store!r}: {e}") from None
     parts = ", ".join(f"{v} {k}" for k, v in counts.items())
     print(f"wrote {out} ({parts}); open it in https://ui.perfetto.dev")
+    if not any(counts.values()):
+        print(f"radixscope export: note: {ns.store!r} holds no cache operations, spans or "
+              "samples, so the trace is empty (a `radixscope watch` store holds an engine's "
+              "blocks, not operations: open it with radixscope ui)", file=sys.stderr)
     return 0
+
+
+_TRACE_HEAD = b'{"traceEvents"'  # how every trace ``export_perfetto`` writes begins
+
+
+def _check_trace_target(path: str, store: str) -> None:
+    """Refuse a ``--perfetto`` target that is not a file path, is the store itself, or is an
+    existing file other than an earlier trace (one is replaced; anything else is kept)."""
+    def bad(why: str) -> UsageError:
+        return UsageError(f"radixscope export: error: --perfetto {path!r} {why}")
+    if not path.strip() or "\0" in path:
+        raise bad("is not a valid file path")
+    out = Path(path)
+    if out.is_dir():
+        raise bad("is a directory")
+    if not out.parent.exists():
+        raise bad(f"cannot be written: directory {str(out.parent)!r} does not exist")
+    if out.exists():
+        if os.path.samefile(out, store):
+            raise bad("is the store being exported; choose another file")
+        try:
+            with open(out, "rb") as f:
+                head = f.read(len(_TRACE_HEAD))
+        except OSError as e:
+            raise bad(f"cannot be read ({e.strerror})") from None
+        if out.stat().st_size and head != _TRACE_HEAD:
+            raise bad("exists and is not a Perfetto trace; refusing to overwrite it")
 
 
 COMMANDS = {"run": cmd_run, "doctor": cmd_doctor, "ui": cmd_ui, "export": cmd_export,

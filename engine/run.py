@@ -178,6 +178,8 @@ class RunResult:
     strict: bool = False  # check() after every cache call (``strict``, ``--inject``)
     # the L3 tier's counters at the end, read before ``execute`` closes the backend
     storage_stats: object = None
+    # telemetry's health at close (``Telemetry.close()``): failures, dropped records
+    telemetry_stats: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -312,7 +314,9 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
             if bundles is not None:
                 bundles.close()
             if tel is not None:
-                tel.close()
+                stats = tel.close()
+                if "result" in locals():
+                    result.telemetry_stats = stats
             torch.set_num_threads(threads)
     return result
 

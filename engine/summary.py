@@ -83,6 +83,8 @@ class Summary:
     branch_points: int = 0
     branches_filled: int = 0
     branch_states: int = 0
+    # what telemetry lost ("" when nothing): failures at close, dropped records
+    telemetry_problem: str = ""
 
     @property
     def requests_per_s(self) -> float:
@@ -139,7 +141,24 @@ def summarize(result: RunResult) -> Summary:
         error=result.error, error_kind=result.error_kind, store=result.store,
         bundles=tuple(str(p) for p in result.bundles), storage=result.spec.storage,
         storage_line=_storage_line(result), strict=result.strict, branch_points=d.branch_points,
-        branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states)
+        branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states,
+        telemetry_problem=telemetry_problem(result.telemetry_stats))
+
+
+def telemetry_problem(stats: dict | None) -> str:
+    """What went wrong with the run's telemetry, in words ("" when nothing did): its failures
+    per stage and the records it dropped, so a store missing part of the run says so."""
+    if not stats:
+        return ""
+    parts = []
+    failures = stats.get("failures") or {}
+    if failures:
+        where = ", ".join(f"{stage} {n:,}" for stage, n in sorted(failures.items()))
+        parts.append(f"telemetry failed ({where}; logged above)")
+    dropped = {k: n for k, n in (stats.get("dropped") or {}).items() if n}
+    if dropped:
+        parts.append("dropped " + ", ".join(f"{n:,} {k}s" for k, n in sorted(dropped.items())))
+    return "; ".join(parts)
 
 
 def _storage_line(result: RunResult) -> str:
@@ -211,7 +230,9 @@ def format_summary(s: Summary) -> str:
     if s.storage:
         lines.append(f"  storage      {s.storage}: {s.storage_line}")
     if s.store:
-        lines.append(f"  store        {s.store} (radixscope ui {s.store})")
+        lines.append(f"  store        {s.store} (radixscope ui {s.store})" if not
+                     s.telemetry_problem else f"  store        {s.store}, INCOMPLETE: "
+                     f"{s.telemetry_problem}")
     for b in s.bundles:
         lines.append(f"  bundle       {b} (telemetry.analysis.load.load_bundle; "
                      "notebooks/postmortem.ipynb)")

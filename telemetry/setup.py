@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from radixscope.telemetry.handle import Telemetry
+from radixscope.telemetry.kvevents.config import KvEventsConfig
 from radixscope.telemetry.kvevents.config import resolve as resolve_kv_events
 from radixscope.telemetry.names import DEFAULT_SERVICE_NAME
 from radixscope.telemetry.options import TelemetryOptions
@@ -112,6 +113,10 @@ def setup(store: str | os.PathLike | None = AUTO, *, overwrite: bool = False,
     if kv_cfg is not None:  # the documented shorthand for sinks={"kv_events": {...}}
         sinks = {**(sinks or {}), "kv_events": dataclasses.asdict(kv_cfg)}
     extra = sinkbase.check(sinks)
+    kv_sink = dict(extra).get("kv_events")
+    if kv_sink is not None:  # an endpoint in use is refused before the store is replaced
+        from radixscope.telemetry.kvevents.publisher import check_endpoints
+        check_endpoints(KvEventsConfig(**kv_sink))
     spec = _backend_spec(otlp, console, prometheus, service_name)
     backends.check_available(spec)
     path = _store_path(store, overwrite)

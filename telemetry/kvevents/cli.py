@@ -30,7 +30,16 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
 
 
 def apply_run_options(ns: argparse.Namespace) -> None:
-    """``run --kv-events``: the setting reaches ``telemetry.setup`` through its variables."""
+    """``run --kv-events``: the setting reaches ``telemetry.setup`` through its variables.
+
+    Raises:
+        ValueError: ``--kv-events-replay`` without ``--kv-events``, or either with
+            ``--no-store`` (no telemetry: nothing would publish)."""
+    if getattr(ns, "kv_events_replay", None) and not getattr(ns, "kv_events", None):
+        raise ValueError(f"--kv-events-replay {ns.kv_events_replay} needs --kv-events (the "
+                         "replay socket serves what the PUB socket published)")
+    if getattr(ns, "kv_events", None) and getattr(ns, "no_store", False):
+        raise ValueError("--kv-events needs telemetry: drop --no-store")
     if getattr(ns, "kv_events", None):
         os.environ[ENV_ENDPOINT] = ns.kv_events
         if ns.kv_events_replay:
@@ -41,6 +50,8 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     from radixscope.telemetry.kvevents.watch import Watcher
 
     try:
+        for name, endpoint in (("endpoint", ns.endpoint), ("--replay", ns.replay)):
+            _check_connectable(name, endpoint)  # before the store is made
         w = Watcher(ns.endpoint, ns.store, replay=ns.replay, topic=ns.topic,
                     overwrite=ns.overwrite)
     except (ValueError, FileExistsError, OSError) as e:
@@ -55,3 +66,21 @@ def cmd_watch(ns: argparse.Namespace) -> int:
           f"stored, {counts.get('removed_blocks', 0)} removed, "
           f"{counts.get('bad_frames', 0)} bad frames, gaps {w.gaps}", file=sys.stderr)
     return 0
+
+
+def _check_connectable(name: str, endpoint: str | None) -> None:
+    """A ZMQ endpoint ``watch`` can connect to (the peer need not be up yet: ZMQ reconnects);
+    a malformed one is a ValueError naming it."""
+    if endpoint is None:
+        return
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        raise ValueError(f"{name} {endpoint!r} is not an endpoint to connect to "
+                         f"({zmq.strerror(e.errno)}; e.g. tcp://127.0.0.1:5557)") from None
+    finally:
+        sock.close()
