@@ -13,10 +13,30 @@ import pandas as pd
 from radixscope.cache import events as ev
 
 
-def failure_point(rec) -> tuple[int, int]:
-    """``(seq just before the failing op, seq at the failure)``. For a store (no failure): the
-    seqs around its last op."""
+def recorded_failure(rec) -> dict | None:
+    """What went wrong: a bundle's failure, else a store's last recorded violation that names
+    an op (the engine's report: ``op_id``, ``op``, ``rule``, ``nodes``, ``req_id``, ``seq``),
+    else None. A store's violation has no exception, traceback or live state."""
     f = rec.failure()
+    if f is not None or rec.is_bundle:
+        return f
+    v = rec.violations()
+    for seq, message, details in zip(reversed(list(v.get("seq", []))),
+                                     reversed(list(v.get("message", []))),
+                                     reversed(list(v.get("details", []))), strict=True):
+        d = details if isinstance(details, dict) else {}
+        if d.get("op_id") is not None and seq is not None and not pd.isna(seq):
+            nodes = [n for n in d.get("nodes") or [] if isinstance(n, int)]
+            return {"op_id": d["op_id"], "op": d.get("op"), "req_id": d.get("req_id"),
+                    "rule": d.get("rule"), "nodes": nodes, "node": nodes[0] if nodes else None,
+                    "seq": int(seq), "message": message, "exception": None}
+    return None
+
+
+def failure_point(rec) -> tuple[int, int]:
+    """``(seq just before the failing op, seq at the failure)``. For a store: its last recorded
+    violation's op (``recorded_failure``); with none, the seqs around its last op."""
+    f = recorded_failure(rec)
     ops = rec.ops()
     if f is None:
         last = rec.last_seq()
@@ -36,10 +56,7 @@ def failure_summary(rec) -> str:
     """What failed, in plain lines: the op, the exception, the node, the numbers, the checks."""
     f = rec.failure()
     if f is None:
-        v = rec.violations()
-        head = f"NO FAILURE RECORDED: {rec.path} is a telemetry store (last seq {rec.last_seq()})"
-        return "\n".join([head] + [f"VIOLATION at seq {s}: {m}" for s, m in
-                                   zip(v.get("seq", []), v.get("message", []), strict=False)])
+        return _store_summary(rec)
     who = f"op {f['op_id']}" if f.get("op_id") is not None else "op id unknown"
     if f.get("req_id"):
         who += f", req {f['req_id']}"
@@ -80,6 +97,30 @@ def failure_summary(rec) -> str:
     return "\n".join(lines)
 
 
+def _store_summary(rec) -> str:
+    """A store has no crash bundle: its recorded violations, the one the post-mortem follows
+    (``recorded_failure``) named first with its op, request, rule and nodes."""
+    v = rec.violations()
+    head = f"{rec.path} is a telemetry store (last seq {rec.last_seq()}), not a crash bundle"
+    if v.empty:
+        return f"NO FAILURE RECORDED: {head}; it recorded no violation"
+    lines = [f"{head}; it recorded {len(v)} violation(s)"]
+    f = recorded_failure(rec)
+    if f is not None:
+        who = f"op {f['op_id']}" + (f", req {f['req_id']}" if f.get("req_id") else "")
+        lines += [f"FAILED OP: {f['op'] or 'unknown'} ({who}) at seq {f['seq']}",
+                  f"VIOLATION: {f['message']}",
+                  f"NODE: {f['node'] if f['node'] is not None else 'none named'}"]
+        if f["nodes"]:
+            lines.append("NODES: " + ", ".join(str(n) for n in f["nodes"]))
+        if f.get("rule"):
+            lines.append(f"RULE: {f['rule']}")
+    lines += [f"VIOLATION at seq {s}: {m}" for s, m in
+              zip(v.get("seq", []), v.get("message", []), strict=False)
+              if f is None or m != f["message"]]  # the others
+    return "\n".join(lines)
+
+
 def failure_frames(rec, innermost: int = 6) -> pd.DataFrame:
     """The innermost frames of the failure's traceback: file, line, function, source."""
     f = rec.failure() or {}
@@ -89,10 +130,10 @@ def failure_frames(rec, innermost: int = 6) -> pd.DataFrame:
 
 
 def ops_before_failure(rec, n: int = 20) -> pd.DataFrame:
-    """The last ``n`` ops up to and including the failing one, with the node each named, the
-    mutations it made and its duration."""
+    """The last ``n`` ops up to and including the failing one (``recorded_failure``), with the
+    node each named, the mutations it made and its duration."""
     ops = rec.ops()
-    f = rec.failure()
+    f = recorded_failure(rec)
     if f is not None and f.get("op_id") is not None:
         ops = ops[ops["op_id"] <= f["op_id"]]
     ops = ops.tail(n)
@@ -107,10 +148,14 @@ def ops_before_failure(rec, n: int = 20) -> pd.DataFrame:
 
 
 def requests_involved(rec, n_ops: int = 50) -> list[str]:
-    """Request ids of the failing op and of the last ``n_ops`` ops, most recent first."""
-    f = rec.failure() or {}
+    """Request ids of the failing op (``recorded_failure``) and of the last ``n_ops`` ops before
+    it, most recent first."""
+    f = recorded_failure(rec) or {}
     out: list[str] = [f["req_id"]] if f.get("req_id") else []
-    for r in reversed(list(rec.ops()["req_id"].tail(n_ops))):
+    ops = rec.ops()
+    if f.get("op_id") is not None:
+        ops = ops[ops["op_id"] <= f["op_id"]]
+    for r in reversed(list(ops["req_id"].tail(n_ops))):
         if isinstance(r, str) and r not in out:
             out.append(r)
     return out

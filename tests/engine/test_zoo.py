@@ -14,7 +14,12 @@ from radixscope.cache import zoo
 from radixscope.engine.cli import main
 from radixscope.engine.run import execute
 from radixscope.telemetry import open_store
-from radixscope.telemetry.analysis.load import load_bundle
+from radixscope.telemetry.analysis.load import load, load_bundle
+from radixscope.telemetry.analysis.postmortem import (
+    failure_point,
+    failure_summary,
+    ops_before_failure,
+)
 from tests.kits.zookit import CLEAN, L3_STORE, ROOT, ZOO, prepare, record, spec
 from tests.telemetry.test_postmortem_notebook import NOTEBOOK, inject, outputs
 
@@ -73,6 +78,14 @@ def test_each_class_is_caught_within_one_op_bundled_and_explained(name, tmp_path
     details = mine["details"].iloc[-1]
     assert details["rule"] == rule and details["op_id"] == r.detected_op_id
     assert details["injection"]["fired"]
+    # the post-mortem on the store itself (no bundle) follows the same recorded violation
+    with load(store) as rec:
+        text = failure_summary(rec)
+        at = failure_point(rec)[1]
+        last_op = ops_before_failure(rec)["op_id"].iloc[-1]
+    assert f"FAILED OP: {v['op']} (op {r.detected_op_id}" in text
+    assert f"RULE: {rule}" in text.splitlines()
+    assert at == int(mine["seq"].iloc[-1]) and last_op == r.detected_op_id
     # the notebook, run on the bundle, prints the op, the node and the rule
     text = _notebook_text(bundle)
     assert f"FAILED OP: {f['op']} (op {f['op_id']}" in text
