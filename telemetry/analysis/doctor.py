@@ -8,6 +8,11 @@ data nobody pins, *protected* is pinned by locks (device) or host references (ho
 what running requests own outside the tree. What is *in flight* (a copy not acked yet) is
 pinned, so it lies in *protected* (tree nodes) or *held* (a request's private slot, e.g. a
 MAMBA copy-on-write load-back). A negative *held* means some slots are counted twice.
+
+An external engine's store (``radixscope watch``) knows the engine's blocks but not its pool
+sizes (``info["cache"]["pools"]`` is empty, the snapshot's capacities 0; see
+``pool_sizes_known``): with ``pools_known=False`` the budget says the capacity is unknown and the capacity checks are
+skipped, while the blocks in the tree are still counted.
 """
 
 from __future__ import annotations
@@ -52,9 +57,22 @@ def lock_owners(snap: CacheSnapshot, component: str) -> list[str]:
     return out
 
 
-def pool_words(snap: CacheSnapshot, pool: PoolSnapshot) -> str:
-    """One pool's budget as a sentence, e.g. ``full/device: 256 tokens = 16 free (6%) + ...``."""
+def pool_sizes_known(info: dict) -> bool:
+    """Whether a store's ``info`` gives the pool capacities: not for an external engine
+    (``info["cache"]`` with ``external`` true, or its ``pools`` empty)."""
+    cache = info.get("cache")
+    return not (isinstance(cache, dict)
+                and (cache.get("external") is True or cache.get("pools") == {}))
+
+
+def pool_words(snap: CacheSnapshot, pool: PoolSnapshot, pools_known: bool = True) -> str:
+    """One pool's budget as a sentence, e.g. ``full/device: 256 tokens = 16 free (6%) + ...``;
+    with ``pools_known=False``, what the tree holds there and that the capacity is unknown."""
     u = unit_of(pool.component)
+    if not pools_known:
+        return (f"{pool.component}/{pool.tier}: capacity unknown; the tree holds "
+                f"{pool.evictable + pool.protected} {u} here ({pool.evictable} evictable, "
+                f"{pool.protected} protected).")
     cap = pool.capacity
     parts = [f"{pool.available} free ({_pct(pool.available, cap)})",
              f"{pool.evictable} evictable ({_pct(pool.evictable, cap)}; cached, unpinned, "
@@ -77,23 +95,27 @@ def pool_words(snap: CacheSnapshot, pool: PoolSnapshot) -> str:
             + f". A new request can get up to {grab} {u} here now (free + evictable).")
 
 
-def budget_words(snap: CacheSnapshot) -> list[str]:
+def budget_words(snap: CacheSnapshot, pools_known: bool = True) -> list[str]:
     """One sentence per pool (component x tier), in the snapshot's pool order."""
-    return [pool_words(snap, p) for p in snap.pools]
+    return [pool_words(snap, p, pools_known) for p in snap.pools]
 
 
-def findings(snap: CacheSnapshot) -> list[Finding]:
+def findings(snap: CacheSnapshot, pools_known: bool = True) -> list[Finding]:
     """What looks wrong or risky in the snapshot, errors first.
 
     Checks: pool conservation (held < 0: double counting; free > capacity), in-flight larger
-    than protected + held, pools with nothing free or evictable, pools mostly pinned, locks and
+    than protected + held, pools with nothing free or evictable, pools mostly pinned (these
+    skipped, with one info finding, when ``pools_known`` is false), locks and
     transfers naming nodes that do not exist, FULL nodes with no data, FULL device data under a
     device-evicted parent (prefix closure), auxiliary device data without FULL device data;
     counts auxiliary tombstones whose FULL stays on device (info).
     """
     out: list[Finding] = []
     ids = {n.node_id: n for n in snap.nodes}
-    for p in snap.pools:
+    if not pools_known:
+        out.append(Finding(INFO, "pools", "capacities unknown (an external engine's pool sizes "
+                           "are not published): the budget checks are skipped"))
+    for p in snap.pools if pools_known else ():
         subj, u = f"{p.component}/{p.tier}", unit_of(p.component)
         if p.held < 0:
             out.append(Finding(ERROR, subj, f"free {p.available} + evictable {p.evictable} + "
@@ -171,9 +193,9 @@ def _auxiliary(snap: CacheSnapshot, fi: int) -> list[Finding]:
     return out
 
 
-def doctor_report(snap: CacheSnapshot) -> str:
+def doctor_report(snap: CacheSnapshot, pools_known: bool = True) -> str:
     """The full plain-text report: a headline, the findings, then the budget per pool."""
-    fs = findings(snap)
+    fs = findings(snap, pools_known)
     n_err = sum(f.severity == ERROR for f in fs)
     n_warn = sum(f.severity == WARNING for f in fs)
     head = (f"cache at seq {snap.seq}: {len(snap.nodes) - 1} nodes, {len(snap.locks)} locks, "
@@ -181,5 +203,5 @@ def doctor_report(snap: CacheSnapshot) -> str:
     lines = [head]
     lines += [f"  {f.severity.upper()} {f.subject}: {f.message}" for f in fs]
     lines.append("budget:")
-    lines += [f"  {w}" for w in budget_words(snap)]
+    lines += [f"  {w}" for w in budget_words(snap, pools_known)]
     return "\n".join(lines)

@@ -8,6 +8,13 @@ own cache's. A block stays a (tombstone) node while a child still needs it. Medi
 the device tier; ``CPU`` (vLLM) and ``CPU_PINNED`` (SGLang) the host tier; ``DISK`` /
 ``EXTERNAL`` (SGLang) and ``STORAGE`` (vLLM) the storage tier; anything else is kept in
 ``blocks`` and counted, with no tier in the tree.
+
+The block size and the groups are learned from the events (the first ``BlockStored`` of each
+group), so the tree's shape is not known when the watcher attaches: each time it changes the
+tree queues a keyframe at the seq it changed at (``take``). The block size is always learned
+before the first mutation, so it holds from seq 0. A group's kind and window are known only
+where the engine publishes them (vLLM's ``kv_cache_spec_kind``); SGLang publishes neither, nor a
+``group_idx`` (its events are the FULL group's pages only): such a group is ``full``.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ class EngineTree:
 
     Args:
         components: component names per group index (grown as groups appear, up to 8).
+
+    Mutates (``apply``): the resident blocks, the pending journal mutations, block changes and
+    keyframes (a keyframe when the block size is learned or a group appears; the empty tree's
+    at construction), all drained by ``take``.
     """
 
     MAX_GROUPS = 8
@@ -63,11 +74,13 @@ class EngineTree:
         self.seq = 0
         self.mutations: list[tuple] = []  # journal tuples since the last take
         self.changes: list[BlockChange] = []
-        self.new_components: list[str] = []
+        # per group: the spec kind and sliding window as published (None: not published)
+        self.group_specs: list[tuple[str | None, int | None]] = [(None, None)] * len(components)
         self._nid: dict[int, int] = {}  # block hash -> node id
         # nid -> [hash, children, parent nid, {group: [device len, host len]}, tokens]
         self._node: dict[int, list] = {0: [None, 0, None, {}, ()]}
         self._next = 1
+        self.keyframes: list[dict] = [self.keyframe_dict()]  # the empty tree: seq 0 rebuilds
 
     # ---- events -------------------------------------------------------------------------------
     def apply(self, batch: Decoded, ts_ns: int) -> None:
@@ -84,20 +97,25 @@ class EngineTree:
                     self._drop(medium, group, list(blocks), ts_ns)
 
     def _stored(self, e: Stored, ts_ns: int) -> None:
-        if self.block_size is None:
-            self.block_size = e.block_size
-        elif e.block_size != self.block_size:
-            self.counts["bad_block_size"] += 1
-            return
         if e.group >= self.MAX_GROUPS:
             self.counts["bad_group"] += 1
             return
+        if self.block_size is not None and e.block_size != self.block_size:
+            self.counts["bad_block_size"] += 1
+            return
+        learned = self.block_size is None
+        self.block_size = e.block_size
         while len(self.components) <= e.group:
             name = GROUP_COMPONENTS.get(e.kind or "", f"group{len(self.components)}")
             if name in self.components:
                 name = f"group{len(self.components)}"
             self.components.append(name)
-            self.new_components.append(name)
+            self.group_specs.append((None, None))
+            learned = True
+        if self.group_specs[e.group] == (None, None) and (e.kind or e.window) is not None:
+            self.group_specs[e.group] = (e.kind, e.window)
+        if learned:
+            self._shape_changed()
         self.counts["BlockStored"] += 1
         key = (e.medium, e.group)
         blocks = self.resident.setdefault(key, {})
@@ -180,6 +198,15 @@ class EngineTree:
             self._node[pid][1] -= 1
             nid = pid
 
+    def _shape_changed(self) -> None:
+        """The block size or the groups changed at this seq: queue the tree now as a keyframe
+        (replacing one queued at the same seq), so every seq from here rebuilds with them."""
+        kf = self.keyframe_dict()
+        if self.keyframes and self.keyframes[-1]["seq"] == kf["seq"]:
+            self.keyframes[-1] = kf
+        else:
+            self.keyframes.append(kf)
+
     def keyframe_dict(self) -> dict:
         """The tree now as a ``CacheSnapshot.to_dict()`` (pool capacities are unknown: 0)."""
         comps = self.components
@@ -196,11 +223,12 @@ class EngineTree:
         return {"seq": self.seq, "page_size": self.block_size or 1, "components": list(comps),
                 "nodes": nodes, "pools": pools, "locks": [], "transfers": []}
 
-    def take(self) -> tuple[list[tuple], list[BlockChange]]:
-        """The journal mutations and block changes since the last call."""
-        m, c = self.mutations, self.changes
-        self.mutations, self.changes = [], []
-        return m, c
+    def take(self) -> tuple[list[tuple], list[BlockChange], list[dict]]:
+        """The journal mutations, block changes and keyframes (in seq order; a keyframe at
+        seq S is the tree after mutation S) since the last call."""
+        m, c, k = self.mutations, self.changes, self.keyframes
+        self.mutations, self.changes, self.keyframes = [], [], []
+        return m, c, k
 
     def resident_counts(self) -> dict[str, int]:
         out: collections.Counter[str] = collections.Counter()

@@ -9,7 +9,8 @@ is recorded as a gap (``info["kv_events"]["gaps"]`` and an event row). The tree 
 store as a journal (see ``ingest.py``), the blocks into ``kv_blocks`` (stored / removed seq
 and time: lifetimes), and the residency per medium into ``info["kv_events"]`` with store /
 remove rates. ``info["engine"]`` labels it an external engine (``live`` until the watcher
-stops). Runs until ``stop()`` (SIGINT / SIGTERM in the CLI), then closes the store completely.
+stops). Runs until ``stop()`` (SIGINT / SIGTERM in the CLI), then closes the store completely,
+with the ``info["closed"]`` record a run's telemetry writes (``telemetry.store.runstate``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ class Watcher:
         self.commit_every_s = commit_every_s
         self._stop = threading.Event()
         self._started_ns = time.time_ns()
-        self._keyframed = False
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -74,6 +74,7 @@ class Watcher:
         self._sub.connect(endpoint)
         self.unsigned_hashes = False
         self._flush(live=True)  # the empty tree's keyframe: every seq from 0 can be rebuilt
+        # (page size and groups are rewritten as the events reveal them: ``EngineTree.take``)
 
     def stop(self) -> None:
         """Ask ``run`` to return (thread- and signal-safe)."""
@@ -85,6 +86,7 @@ class Watcher:
         poller.register(self._sub, zmq.POLLIN)
         end = None if max_s is None else time.monotonic() + max_s
         last_commit = last_rx = time.monotonic()
+        clean = False
         try:
             while not self._stop.is_set() and (end is None or time.monotonic() < end):
                 if poller.poll(50):
@@ -103,15 +105,21 @@ class Watcher:
                 if time.monotonic() - last_commit >= self.commit_every_s:
                     self._flush(live=True)
                     last_commit = time.monotonic()
+            clean = True
         finally:
-            self.close()
+            self.close(clean=clean)
         return dict(self.tree.counts)
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
+        """Flush the tree, record ``info["closed"]`` as a run's telemetry does (``clean``
+        false: the watcher stopped on an error) and close the store. Idempotent."""
         if self.store.con is None:
             return
         self._sub.close()
         self._ctx.term()
+        self.store.set_info("closed", {
+            "clean": bool(clean), "ts_ns": time.time_ns(), "last_seq": self.tree.seq,
+            "reason": None if clean else "the watcher stopped on an error"})
         self._flush(live=False)
         self.store.close()
 
@@ -224,13 +232,11 @@ class Watcher:
 
     # ---- the store ----------------------------------------------------------------------------
     def _flush(self, live: bool) -> None:
-        muts, changes = self.tree.take()
+        muts, changes, keyframes = self.tree.take()
         st = self.store
-        if not self._keyframed or self.tree.new_components:
-            # the first keyframe, or the groups grew: the journal restarts from a keyframe
-            kf = self.tree.keyframe_dict()
-            self._keyframed = True
-            self.tree.new_components.clear()
+        for kf in keyframes:
+            # the empty tree, or the block size / groups became known at ``base``: the journal
+            # restarts there from a keyframe of that shape (one at the same seq is replaced)
             base = kf["seq"]
             st.write_mutations([m for m in muts if m[0] <= base])
             st.write_keyframe(base, kf)
@@ -269,6 +275,7 @@ class Watcher:
         self.store.set_info("kv_events", {
             "messages": self.messages, "next_seq": self.expected, "gaps": self.gaps,
             "block_size": t.block_size, "groups": t.components,
+            "group_specs": [{"kind": k, "sliding_window": w} for k, w in t.group_specs],
             "hash_unsigned": self.unsigned_hashes,
             "resident": t.resident_counts(), "counts": dict(t.counts),
             "rates_per_s": {"stored_blocks": t.counts["stored_blocks"] / elapsed,

@@ -21,6 +21,8 @@ import zmq
 
 from radixscope import telemetry
 from radixscope.cache import HiRadixCache
+from radixscope.engine.cli import main
+from radixscope.engine.doctor import diagnose
 from radixscope.engine.run import RunSpec, execute
 from radixscope.telemetry.kvevents import wire
 from radixscope.telemetry.kvevents.blocks import snapshot_blocks
@@ -157,6 +159,8 @@ def test_round_trip_our_cache_to_watcher(tmp_path, monkeypatch, components) -> N
         info = w.info()
         assert info["engine"]["external"] is True and info["engine"]["live"] is False
         assert w.state_at(w.last_seq()).nodes  # the UI's tree view opens it
+    report = diagnose(str(tmp_path / "watched.db"))  # no pool sizes: no capacity alarms
+    assert report.healthy, report.text
 
 
 @pytest.mark.parametrize("scenario", ["sglang-full-p1", "sglang-swa-p16"])
@@ -229,6 +233,134 @@ def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) ->
             parent = None if row.parent_hash is __import__("pandas").NA else int(row.parent_hash)
             assert parent == b["parent_hash"] and list(row.token_ids) == b["token_ids"]
     assert info["kv_events"]["resident"] == expected["resident_counts"]
+
+
+def test_doctor_on_a_watch_store_stopped_by_sigint(tmp_path, capsys) -> None:
+    """``radixscope watch`` stopped by Ctrl-C closes its store the way a run's telemetry does,
+    and ``radixscope doctor`` reads the external engine's store without false alarms: closed
+    properly, pool sizes unknown (no capacity checks), the blocks still counted."""
+    d = FIXTURES / "sglang-full-p1"
+    frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
+    expected = json.loads((d / "expected.json").read_text())
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    rep_port = free_port()
+    router.bind(f"tcp://127.0.0.1:{rep_port}")  # the stream is already sent: replay only
+    stop = threading.Event()
+    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
+    server.start()
+    store = tmp_path / "watched.db"
+    proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "watch",
+                             f"tcp://127.0.0.1:{free_port()}", "--replay",
+                             f"tcp://127.0.0.1:{rep_port}", "--store", str(store)],
+                            cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE,
+                            text=True)
+
+    def messages() -> int | None:
+        try:
+            with telemetry.open_store(store) as r:
+                return r.info().get("kv_events", {}).get("messages")
+        except (ValueError, OSError):
+            return None
+
+    try:
+        deadline = time.monotonic() + 60
+        while messages() != len(frames):
+            assert proc.poll() is None and time.monotonic() < deadline, "frames ingested"
+            time.sleep(0.05)
+        proc.send_signal(__import__("signal").SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop.set()
+        server.join(timeout=5)
+        router.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    with telemetry.open_store(store) as r:
+        closed, last_seq = r.info()["closed"], r.last_seq()
+    assert closed["clean"] is True and closed["last_seq"] == last_seq
+    assert main(["doctor", str(store)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    tokens = expected["resident_counts"]["GPU"] * expected["block_size"]
+    assert lines[1].startswith("run: the store was closed properly (telemetry closed at ")
+    assert lines[3:6] == [
+        "  INFO pools: capacities unknown (an external engine's pool sizes are not published): "
+        "the budget checks are skipped",
+        "budget:",
+        f"  full/device: capacity unknown; the tree holds {tokens} tokens here ({tokens} "
+        "evictable, 0 protected)."]
+    assert lines[-1] == "verdict: healthy"
+
+
+@pytest.mark.parametrize("scenario", ["sglang-full-p1", "sglang-swa-p16"])
+def test_a_watch_store_has_the_engines_page_size_at_every_seq(tmp_path, capsys,
+                                                              scenario) -> None:
+    """The block size is learned from the first ``BlockStored``, after the watcher wrote the
+    empty tree's keyframe: the store still reports SGLang's page size (16 for FULL+SWA) at every
+    seq, live (flushed every 5 messages) and closed, and ``radixscope doctor`` says so. SGLang
+    publishes the FULL group's pages only, with no ``group_idx`` or spec kind: one component,
+    ``full``, whose kind and window are recorded as not published."""
+    d = FIXTURES / scenario
+    frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
+    page = json.loads((d / "expected.json").read_text())["block_size"]
+    path = tmp_path / "w.db"
+    w = Watcher(f"tcp://127.0.0.1:{free_port()}", path)
+    for i, f in enumerate(frames):
+        w._message([b"", f["seq"].to_bytes(8, "big"), base64.b64decode(f["payload"])])
+        if i % 5 == 4:
+            w._flush(live=True)
+        if i == 9:  # a reader of the live store
+            with telemetry.open_store(path) as r:
+                assert r.state_at(r.last_seq()).page_size == page
+    w.close()
+    with telemetry.open_store(path) as r:
+        last, info = r.last_seq(), r.info()
+        assert list(r.keyframes().seq) == [0]  # learned before the first mutation
+        for seq in (0, 1, last // 3, 2 * last // 3, last):
+            snap = r.state_at(seq)
+            assert (snap.page_size, snap.components) == (page, ("full",)), seq
+    assert (info["cache"]["page_size"], info["cache"]["components"]) == (page, ["full"])
+    assert info["kv_events"]["group_specs"] == [{"kind": None, "sliding_window": None}]
+    assert main(["doctor", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"store {path}: full cache, page size {page}, journal up to seq {last}")
+
+
+def test_a_group_appearing_mid_stream_restarts_the_journal_where_it_appeared(tmp_path) -> None:
+    """vLLM-shaped events with ``group_idx`` and spec kinds, block size 4: group 0 (2 blocks, 4
+    mutations), then group 1 (sliding window 64) in the same message, then one more block. The
+    block size holds from seq 0, the second group from seq 4 (where it was learned), and every
+    seq rebuilds, also those between the group's appearance and the next flush."""
+    def stored(hashes, parent, first, group, kind, window=None):
+        return wire.BlockStored(hashes, parent, list(range(first, first + 4 * len(hashes))), 4,
+                                None, "GPU", None, group_idx=group, kv_cache_spec_kind=kind,
+                                kv_cache_spec_sliding_window=window)
+
+    batches = [[wire.AllBlocksCleared()],
+               [stored([11, 12], None, 0, 0, "full_attention"),
+                stored([11, 12], None, 0, 1, "sliding_window", 64)],
+               [stored([13], 12, 8, 0, "full_attention")]]
+    path = tmp_path / "groups.db"
+    w = Watcher(f"tcp://127.0.0.1:{free_port()}", path)
+    for seq, events in enumerate(batches):
+        w._message([b"", seq.to_bytes(8, "big"),
+                    wire.encode_batch(wire.KVEventBatch(float(seq), events))])
+    w.close()
+    with telemetry.open_store(path) as r:
+        assert list(r.keyframes().seq) == [0, 4]
+        shapes = [(r.state_at(s).page_size, r.state_at(s).components, len(r.state_at(s).nodes))
+                  for s in range(r.last_seq() + 1)]
+        info = r.info()
+    one, two = ("full",), ("full", "swa")
+    assert shapes == [(4, one, 1), (4, one, 2), (4, one, 2), (4, one, 3), (4, two, 3),
+                      (4, two, 3), (4, two, 3), (4, two, 4), (4, two, 4)]
+    assert info["cache"]["components"] == list(two)
+    assert info["kv_events"]["group_specs"] == [
+        {"kind": "full_attention", "sliding_window": None},
+        {"kind": "sliding_window", "sliding_window": 64}]
 
 
 class ConsumerProcess:

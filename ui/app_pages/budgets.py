@@ -22,7 +22,7 @@ def budgets_body() -> None:
         "used_pct": st.column_config.ProgressColumn("used", min_value=0, max_value=100,
                                                     format="%.1f%%")})
     with st.expander("In plain words", expanded=True):
-        for line in doctor.budget_words(snap):
+        for line in doctor.budget_words(snap, doctor.pool_sizes_known(data.info(ctx.path, seq))):
             st.markdown(f"- {line}")
 
     st.markdown("### Over time")

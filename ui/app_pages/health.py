@@ -19,7 +19,8 @@ def health_body() -> None:
     seq = ctx.last_seq()
     snap = data.snapshot(ctx.path, seq)
     viol = health.violations_with_ops(data.violations(ctx.path, seq), data.ops(ctx.path, seq))
-    finds = health.findings_table(snap, data.events(ctx.path, seq))
+    known = doctor.pool_sizes_known(data.info(ctx.path, seq))  # not for a watched engine
+    finds = health.findings_table(snap, data.events(ctx.path, seq), known)
     n_err = int((finds["severity"] == "error").sum())
     st.markdown(f"## Health at seq {seq:,}")
     status = data.run_status(ctx.path)
@@ -66,7 +67,7 @@ def health_body() -> None:
         st.markdown(f":{COLOURS[f.severity]}[**{f.severity.upper()}**] **{f.subject}**: "
                     f"{f.message}")
     st.markdown("**Budget in plain words**")
-    for line in doctor.budget_words(snap):
+    for line in doctor.budget_words(snap, known):
         st.markdown(f"- {line}")
 
     st.markdown("### Telemetry")

@@ -100,12 +100,15 @@ def violation_lines(message: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["check", "node", "detail"])
 
 
-def findings_table(snap: CacheSnapshot, events: pd.DataFrame | None = None) -> pd.DataFrame:
+def findings_table(snap: CacheSnapshot, events: pd.DataFrame | None = None,
+                   pools_known: bool = True) -> pd.DataFrame:
     """``telemetry.analysis.doctor.findings`` as ``severity, subject, message`` rows; with the
     store's ``events``, the L3 findings too (``storage_doctor``: prefetches started by seq
     ``snap.seq`` and never handed back past their budget, host pins leaked by finished
-    prefetches / store transfers), "now" being the last event's time at that seq."""
-    found = doctor.findings(snap)
+    prefetches / store transfers), "now" being the last event's time at that seq.
+    ``pools_known``: ``doctor.pool_sizes_known`` of the store's info (false for a watched
+    engine, whose capacities are not checked)."""
+    found = doctor.findings(snap, pools_known)
     if events is not None and not events.empty:
         upto = events[events["seq"].fillna(-1) <= snap.seq] if "seq" in events else events
         now = int(upto["ts_ns"].max()) if not upto.empty else 0
