@@ -234,6 +234,13 @@ def _draw(bar, engine) -> None:
     bar(engine)
 
 
+def _naming(path: str, error: BaseException) -> str:
+    """An error about the store at ``path`` as one line that names it once."""
+    text = str(error)
+    return text if repr(path) in text or repr(str(Path(path).absolute())) in text \
+        else f"{path!r}: {text}"
+
+
 def _open_checked(path: str, command: str):
     from radixscope.telemetry import open_store
     try:
@@ -251,7 +258,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
     try:
         report = diagnose(ns.store)
     except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged or hostile file
-        raise UsageError(f"radixscope doctor: error: {ns.store!r}: {e}") from None
+        raise UsageError(f"radixscope doctor: error: {_naming(ns.store, e)}") from None
     print(report.text)
     return 0 if report.healthy else EXIT_PROBLEM
 
@@ -330,7 +337,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
     try:
         counts = export_perfetto(ns.store, out)
     except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged or hostile file
-        raise UsageError(f"radixscope export: error: {ns.store!r}: {e}") from None
+        raise UsageError(f"radixscope export: error: {_naming(ns.store, e)}") from None
     parts = ", ".join(f"{v} {k}" for k, v in counts.items())
     print(f"wrote {out} ({parts}); open it in https://ui.perfetto.dev")
     if not any(counts.values()):

@@ -18,6 +18,8 @@ import pandas as pd
 
 from radixscope.cache import events as ev
 from radixscope.telemetry.store.reader import open_store
+from radixscope.telemetry.store.readguard import Malformed, damaged
+from radixscope.telemetry.store.rows import enqueued_by
 
 PID_CACHE = 1
 PID_SPANS = 2
@@ -37,7 +39,8 @@ def export_perfetto(store_path: str | os.PathLike, out_path: str | os.PathLike) 
         Counts of what was written: ``{"ops", "transfers", "counters", "spans", "marks"}``.
 
     Raises:
-        FileNotFoundError / ValueError: as ``open_store``.
+        FileNotFoundError / ValueError: as ``open_store``; ``ValueError`` naming the file for
+            a row of the wrong shape (the readers' checks, ``telemetry.store.rows``).
     """
     with open_store(store_path) as r:
         ops, metrics, spans = r.ops(), r.metrics(), r.spans()
@@ -60,7 +63,7 @@ def export_perfetto(store_path: str | os.PathLike, out_path: str | os.PathLike) 
         is_transfer = row.op == ev.OP_TRANSFER
         base = TID_TRANSFERS if is_transfer else TID_OPS
         tid = base + _lane(lanes[base], int(row.start_ns), int(row.end_ns))
-        attrs = dict(row.attrs or {})
+        attrs = row.attrs
         name = str(attrs.get(ev.A_TRANSFER_KIND, "transfer")) if is_transfer else row.op
         args = {"op_id": int(row.op_id), "seq": int(row.seq_last), **_plain(attrs)}
         if row.req_id is not None:
@@ -73,8 +76,11 @@ def export_perfetto(store_path: str | os.PathLike, out_path: str | os.PathLike) 
                     "args": args})
         slice_at[int(row.op_id)] = (tid, us(row.start_ns))
         counts["transfers" if is_transfer else "ops"] += 1
-        enq = attrs.get(ev.A_ENQUEUED_BY)
-        if is_transfer and enq in slice_at:
+        try:
+            enq = enqueued_by(attrs, row.op_id) if is_transfer else None
+        except Malformed as e:
+            raise damaged(store_path, "export_perfetto", e) from None
+        if enq in slice_at:
             src_tid, src_ts = slice_at[enq]
             fid = int(row.op_id)
             out.append({"ph": "s", "id": fid, "pid": PID_CACHE, "tid": src_tid, "ts": src_ts,
@@ -99,14 +105,14 @@ def export_perfetto(store_path: str | os.PathLike, out_path: str | os.PathLike) 
         common = {"pid": PID_SPANS, "tid": 0, "cat": "span", "name": row.name,
                   "id": row.span_id}
         out.append({**common, "ph": "b", "ts": us(row.start_ns),
-                    "args": {"trace_id": row.trace_id, **_plain(row.attributes or {})}})
+                    "args": {"trace_id": row.trace_id, **_plain(row.attributes)}})
         out.append({**common, "ph": "e", "ts": us(row.end_ns)})
         counts["spans"] += 1
     out.append(_meta("thread_name", PID_CACHE, TID_MARKS, "violations / events"))
     for df, cat in ((violations, "violation"), (events, "event")):
         for row in df.itertuples(index=False):
             extra = row.details if cat == "violation" else row.attrs
-            args = {"seq": None if row.seq is None else int(row.seq), **_plain(extra or {})}
+            args = {"seq": None if pd.isna(row.seq) else int(row.seq), **_plain(extra)}
             if cat == "violation":
                 args["message"] = row.message
             out.append({"ph": "i", "s": "t", "pid": PID_CACHE, "tid": TID_MARKS,

@@ -21,6 +21,16 @@ from radixscope.cache.snapshot import CacheSnapshot
 from radixscope.telemetry import names as n
 from radixscope.telemetry.store import keyframes
 from radixscope.telemetry.store.readguard import Malformed, file_errors, int_arg, str_arg
+from radixscope.telemetry.store.rows import (
+    decode,
+    decode_mutation,
+    enqueued_by,
+    journal_rows,
+    journal_top,
+    json_type,
+    op_attrs,
+    shaped,
+)
 from radixscope.telemetry.store.runstate import run_status
 from radixscope.telemetry.store.schema import connect_reader
 from radixscope.telemetry.store.shape import check_tree, rebuild
@@ -30,12 +40,6 @@ SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_
                 "status_code", "status_message", "attributes", "events", "links", "resource",
                 "scope", "op_id")
 MUTATION_COLUMNS = ("seq", "op_id", "kind", "node", "comp", "tier", "value")
-_NULLABLE_INT_COLUMNS = {"spans": ("op_id",), "events": ("seq",),
-                         "violations": ("seq",)}
-_JSON_COLUMNS = {
-    "ops": ("attrs",), "spans": ("attributes", "events", "links"),
-    "violations": ("details",), "events": ("attrs",), "keyframes": (),
-}
 
 
 class StoreReader:
@@ -76,18 +80,12 @@ class StoreReader:
                 con.execute("COMMIT")
 
     def _frame(self, table: str, sql: str, params: tuple = ()) -> pd.DataFrame:
+        """The rows of a query on ``table``, JSON decoded and shapes checked (``rows.shaped``)."""
         with self._read() as con:
             cur = con.execute(sql, params)
             cols = [d[0] for d in cur.description]
-            rows = cur.fetchall()
-        df = pd.DataFrame.from_records(rows, columns=cols)
-        for c in _JSON_COLUMNS.get(table, ()):
-            if c in df.columns:
-                df[c] = [json.loads(v) if v is not None else None for v in df[c]]
-        for c in _NULLABLE_INT_COLUMNS.get(table, ()):
-            if c in df.columns:
-                df[c] = df[c].astype("Int64")
-        return df
+            records = cur.fetchall()
+        return shaped(table, pd.DataFrame.from_records(records, columns=cols))
 
     # ---- tables ----------------------------------------------------------------------------
     @file_errors
@@ -119,9 +117,15 @@ class StoreReader:
         int_arg("start_seq", start_seq)
         int_arg("end_seq", end_seq)
         with self._read() as con:
-            rows = _journal_rows(con, start_seq, end_seq)
+            rows = journal_rows(con, start_seq, end_seq)
         df = pd.DataFrame.from_records(rows, columns=list(MUTATION_COLUMNS))
-        df["node"] = df["node"].astype("Int64")
+        try:
+            df["node"] = df["node"].astype("Int64")
+        except (TypeError, ValueError, OverflowError):
+            bad = next((m for m in rows if m[3] is not None and not (
+                type(m[3]) is int and -2**63 <= m[3] < 2**63)), rows[0])
+            raise Malformed(f"journal mutation at seq {bad[0]}: node is {bad[3]!r}, expected "
+                            "a node id (a 64-bit integer) or null") from None
         return df
 
     @file_errors
@@ -145,7 +149,9 @@ class StoreReader:
         host = self._frame("spans", "SELECT s.*, r.attributes AS resource FROM spans s LEFT JOIN "
                            f"resources r ON r.id = s.resource_id{where} ORDER BY s.start_ns, "
                            "s.rowid", params)
-        host["resource"] = [json.loads(v) if v else {} for v in host["resource"]]
+        host["resource"] = [decode(v, dict, "resources", "attributes", f"id={rid!r}") if v
+                            else {} for v, rid in zip(host["resource"], host["resource_id"],
+                                                      strict=True)]
         host = host.drop(columns=["resource_id"])
         if include_cache and (name is None or name.startswith(n.SPAN_PREFIX)):
             cache = self._cache_spans(trace_id, name)
@@ -167,20 +173,22 @@ class StoreReader:
             params = (*params, *ops_of_name)
         with self._read() as con:
             rows = con.execute(f"SELECT * FROM ops{where} ORDER BY op_id", params).fetchall()
+            attrs_of = [op_attrs(r) for r in rows]
+            enq_of = [enqueued_by(a, r[0]) if r[1] == ev.OP_TRANSFER else None
+                      for r, a in zip(rows, attrs_of, strict=True)]
             span_of: dict[int, tuple[str, str]] = {}
-            enq = {json.loads(r[10]).get(ev.A_ENQUEUED_BY) for r in rows if r[1] == ev.OP_TRANSFER}
+            enq = set(enq_of)
             enq.discard(None)
             for chunk in _chunks(sorted(enq), 500):
                 q = (f"SELECT op_id, trace_id, span_id FROM ops WHERE op_id IN "
                      f"({','.join('?' * len(chunk))}) AND span_id IS NOT NULL")
                 span_of.update({o: (t, s) for o, t, s in con.execute(q, chunk)})
             res = con.execute("SELECT value FROM info WHERE key = 'resource'").fetchone()
-        resource = json.loads(res[0]) if res else {}
+        resource = decode(res[0], dict, "info", "value", "key='resource'") if res else {}
         out = []
-        for (op_id, op, start, end, req, sf, sl, tid, sid, pid, attrs_json, error) in rows:
-            attrs = json.loads(attrs_json)
+        for row, attrs, e in zip(rows, attrs_of, enq_of, strict=True):
+            op_id, op, start, end, req, sf, sl, tid, sid, pid, _attrs_json, error = row
             links = []
-            e = attrs.get(ev.A_ENQUEUED_BY) if op == ev.OP_TRANSFER else None
             if e in span_of:
                 links.append([span_of[e][0], span_of[e][1], {n.LINK_ATTR_OP_ID: e}])
             out.append((tid, sid, pid, n.span_name(op), "INTERNAL", start, max(start, end),
@@ -232,9 +240,13 @@ class StoreReader:
         where, params = _where(("kind = ?", kind))
         return self._frame("events", f"SELECT * FROM events{where} ORDER BY id", params)
 
+    @file_errors
     def stats(self) -> dict:
         """Telemetry health as of the writer's last flush (dropped / failures / notes)."""
-        return self.info().get("stats", {})
+        stats = self.info().get("stats", {})
+        if not isinstance(stats, dict):
+            raise Malformed(f"info row key='stats' is {json_type(stats)}, expected a JSON object")
+        return stats
 
     @file_errors
     def run_status(self) -> dict:
@@ -244,7 +256,7 @@ class StoreReader:
 
     def _tops(self) -> tuple[int | None, int | None, int | None]:
         with self._read() as con:
-            top = _journal_top(con)
+            top = journal_top(con)
             kf = con.execute("SELECT max(seq) FROM keyframes").fetchone()[0]
             op = con.execute("SELECT end_ns FROM ops ORDER BY op_id DESC LIMIT 1").fetchone()
         return top, kf, (op[0] if op else None)
@@ -254,7 +266,7 @@ class StoreReader:
     def last_seq(self) -> int:
         """Highest seq the store can rebuild (last mutation, or the first keyframe's seq)."""
         with self._read() as con:
-            m = _journal_top(con)
+            m = journal_top(con)
             k = con.execute("SELECT max(seq) FROM keyframes").fetchone()[0]
         vals = [v for v in (m, k) if v is not None]
         if not vals:
@@ -268,12 +280,12 @@ class StoreReader:
         int_arg("start_seq", start_seq)
         int_arg("end_seq", end_seq)
         with self._read() as con:
-            rows = _journal_rows(con, start_seq, end_seq)
+            rows = journal_rows(con, start_seq, end_seq)
         return self._decoded(rows)
 
     def _decoded(self, rows: list[list]) -> list[tuple]:
         try:
-            return [_decode_mutation(r) for r in rows]
+            return [decode_mutation(r) for r in rows]
         except (ValueError, TypeError, IndexError) as e:
             raise ValueError(f"{self.path!r}: a journal entry is malformed ({type(e).__name__}: "
                              f"{e})") from None
@@ -318,8 +330,8 @@ class StoreReader:
                 first = con.execute("SELECT min(seq) FROM keyframes").fetchone()[0]
                 raise ValueError(f"seq {seq} is before the first keyframe ({first}) of "
                                  f"{self.path!r}")
-            rows = _journal_rows(con, kf[0] + 1, seq)
-            top = _journal_top(con)
+            rows = journal_rows(con, kf[0] + 1, seq)
+            top = journal_top(con)
             start = self._snapshot(con, kf[1], kf[0])
         if seq > max(kf[0], top if top is not None else kf[0]):
             raise ValueError(f"seq {seq} is past the last seq ({max(kf[0], top or kf[0])}) "
@@ -358,51 +370,3 @@ def _where(*conds: tuple[str, object]) -> tuple[str, tuple]:
 def _chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
-
-
-def _journal_top(con: sqlite3.Connection) -> int | None:
-    """The last stored seq (chunks are in seq order: the last chunk's end), or None."""
-    row = con.execute("SELECT seq_last FROM journal ORDER BY seq_first DESC LIMIT 1").fetchone()
-    return row[0] if row else None
-
-
-def _journal_rows(con: sqlite3.Connection, lo: int | None, hi: int | None) -> list[list]:
-    """Decoded mutations ``[seq, op_id, kind, node, comp, tier, value]`` with ``lo <= seq <=
-    hi`` (None: unbounded), in seq order: the ``journal`` chunks that can hold them (found
-    through the ``seq_first`` key), decoded and cut to the range."""
-    first = -1 if lo is None else con.execute(
-        "SELECT coalesce(max(seq_first), -1) FROM journal WHERE seq_first <= ?", (lo,)
-    ).fetchone()[0]
-    sql = "SELECT data FROM journal WHERE seq_first >= ?"
-    params: tuple = (first,)
-    if hi is not None:
-        sql += " AND seq_first <= ?"
-        params = (first, hi)
-    out: list[list] = []
-    for (data,) in con.execute(sql + " ORDER BY seq_first", params):
-        try:
-            chunk = json.loads(data)
-            if not isinstance(chunk, list) or not all(
-                    isinstance(m, list) and len(m) == 7 and isinstance(m[0], int) for m in chunk):
-                raise TypeError("not a list of [seq, op_id, kind, node, comp, tier, value]")
-            if chunk and ((lo is not None and chunk[0][0] < lo)
-                          or (hi is not None and chunk[-1][0] > hi)):
-                chunk = [m for m in chunk
-                         if (lo is None or m[0] >= lo) and (hi is None or m[0] <= hi)]
-        except TypeError as e:
-            raise Malformed(f"a journal chunk is malformed: {e}") from None
-        out.extend(chunk)
-    return out
-
-
-def _decode_mutation(m: list) -> tuple:
-    """A decoded journal entry as the mutation tuple ``cache.snapshot.replay`` takes."""
-    seq, op_id, kind, node, comp, tier, v = m
-    if kind == ev.NODE_CREATE:
-        parent, extra_key, tokens = v
-        v = (parent, _hashable(extra_key), tuple(tokens))
-    return (seq, op_id, kind, node, comp, tier, v)
-
-
-def _hashable(v: object) -> object:
-    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v

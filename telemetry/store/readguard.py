@@ -15,6 +15,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Malformed(Exception):
+    """A row whose content does not have the shape this schema writes."""
+
+
+FILE_ERRORS = (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, RecursionError, Malformed)
+"""What a damaged or hostile file makes a read raise."""
 _INT64_MAX = 2**63 - 1
 
 
@@ -25,15 +33,15 @@ def file_errors(fn: F) -> F:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
-        except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, RecursionError,
-                Malformed) as e:
-            raise ValueError(f"{self.path!r} is damaged or not a valid radixscope store: "
-                             f"{fn.__name__}() failed ({type(e).__name__}: {e})") from None
+        except FILE_ERRORS as e:
+            raise damaged(self.path, fn.__name__, e) from None
     return wrapper  # type: ignore[return-value]
 
 
-class Malformed(Exception):
-    """A row whose content does not have the shape this schema writes."""
+def damaged(path: object, what: str, e: BaseException) -> ValueError:
+    """The one error a reader raises for what a file made ``what`` raise (``e``)."""
+    return ValueError(f"{str(path)!r} is damaged or not a valid radixscope store: {what}() "
+                      f"failed ({type(e).__name__}: {e})")
 
 
 def int_arg(name: str, v: object, optional: bool = True) -> None:
@@ -50,4 +58,4 @@ def str_arg(name: str, v: object) -> None:
         raise TypeError(f"{name} must be a str or None, got {v!r}")
 
 
-__all__ = ["Malformed", "file_errors", "int_arg", "str_arg"]
+__all__ = ["FILE_ERRORS", "Malformed", "damaged", "file_errors", "int_arg", "str_arg"]

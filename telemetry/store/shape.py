@@ -36,7 +36,12 @@ def check_tree(snap: CacheSnapshot, where: str) -> CacheSnapshot:
     if roots != [ROOT_ID]:
         raise ValueError(f"{where}: the tree must have exactly one root, node {ROOT_ID}; it has "
                          f"{roots[:5]}")
-    missing = [(i, p) for i, p in parent.items() if p is not None and p not in parent]
+    try:
+        missing = [(i, p) for i, p in parent.items() if p is not None and p not in parent]
+    except TypeError:  # an unhashable parent id (a list from a crafted journal)
+        i, p = next((i, p) for i, p in parent.items() if p is not None and not _hashable(p))
+        raise ValueError(f"{where}: node {i} has parent {p!r}, which is not a node id"
+                         ) from None
     if missing:
         i, p = missing[0]
         raise ValueError(f"{where}: node {i} has parent {p!r}, which is not in the tree "
@@ -71,6 +76,14 @@ def rebuild(start: CacheSnapshot, mutations: Iterable[tuple], where: str) -> Cac
         raise ValueError(f"{where}: the journal does not replay onto its keyframe "
                          f"({type(e).__name__}: {e})") from None
     return check_tree(snap, where)
+
+
+def _hashable(v: object) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 __all__ = ["check_tree", "rebuild"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,77 @@ def test_export_perfetto(run_dir, capsys):
     events = json.loads(out.read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert any(e.get("name") == "text_completion standin-hybrid" for e in events)
+
+
+def test_doctor_calls_an_all_rejected_run_a_problem(tmp_path, capsys):
+    """Pools too small for every request: the run exits 1, and the doctor says the same, with
+    the same first rejection, instead of "healthy"."""
+    p = radixscope(["run", "--preset", "full", "--device-tokens", "256", "--requests", "20",
+                    "--store", "runs/small.db"], tmp_path)
+    assert p.returncode == 1
+    said = p.stderr.splitlines()[-1]
+    assert said == ("radixscope run: all 20 requests were rejected; the first, chat-0-0: "
+                    "rejected: full needs 455 device tokens for its 455 prompt + output tokens "
+                    "but the pool holds 256")
+    assert main(["doctor", str(tmp_path / "runs" / "small.db")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "run: PROBLEM: " + said.removeprefix("radixscope run: ")
+    assert lines[-1] == "verdict: PROBLEMS FOUND (see above)"
+
+
+def test_doctor_does_not_call_a_run_stopped_by_a_fault_clean(tmp_path, capsys):
+    """docs/zoo.md's command: the run stops on the injected fault with its store closed
+    properly; the doctor says the store was closed, not that the run finished cleanly."""
+    p = radixscope(["run", "--inject", "lock_evicted_segment", "--preset", "full",
+                    "--load-back-threshold", "100000", "--device-tokens", "1024",
+                    "--host-tokens", "2048", "--requests", "20", "--store", "runs/zoo.db"],
+                   tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert main(["doctor", str(tmp_path / "runs" / "zoo.db")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("run: the store was closed properly (telemetry closed at ")
+    assert not any("cleanly" in line for line in lines)
+    assert any(line.startswith("  [invariant] ") and "full.pin_without_device" in line
+               for line in lines)
+    assert lines[-1] == "verdict: PROBLEMS FOUND (see above)"
+
+
+DAMAGED_JSON = {  # sql on a copy of a good store -> what the one error line names
+    # an event's attrs: the store reader refuses them before the doctor walks them
+    "event attrs a list": ("UPDATE events SET attrs = '[1]'", "events row id=1: attrs is"),
+    "event attrs null": ("UPDATE events SET attrs = 'null'", "events row id=1: attrs is"),
+    "stats a list": ("UPDATE info SET value = '[1]' WHERE key = 'stats'",
+                     'info["stats"] is list'),
+    "stats.dropped a list": ("UPDATE info SET value = '{\"dropped\": [1]}' WHERE key = 'stats'",
+                             'info["stats"]["dropped"] is list'),
+    "stats.failures a number": ("UPDATE info SET value = '{\"failures\": 3}' "
+                                "WHERE key = 'stats'", 'info["stats"]["failures"] is int'),
+    "cache a list": ("UPDATE info SET value = '[1]' WHERE key = 'cache'",
+                     'info["cache"] is list'),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_JSON))
+def test_doctor_on_json_of_the_wrong_shape_is_one_line(run_dir, tmp_path, capsys, case):
+    import shutil
+    import sqlite3
+
+    from radixscope.engine.doctor import diagnose
+
+    d, _ = run_dir
+    sql, what = DAMAGED_JSON[case]
+    bad = tmp_path / "bad.db"
+    shutil.copy(d / "runs" / "small.db", bad)
+    with sqlite3.connect(bad) as con:
+        con.execute(sql)
+    con.close()
+    with pytest.raises(ValueError, match=re.escape(f"{str(bad)!r} is damaged or not a valid "
+                                                   "radixscope store")):
+        diagnose(str(bad))
+    assert main(["doctor", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("radixscope doctor: error: ") and what in err[0]
+    assert str(bad) in err[0]
 
 
 @pytest.mark.slow

@@ -465,3 +465,188 @@ def test_cli_reading_a_bad_store_prints_one_line(case, command, good_store, tmp_
         return
     assert code == [2] and len(err) == 1, err
     assert err[0].startswith(f"radixscope {command}: error: ") and str(path) in err[0]
+
+
+# ---- rows of the wrong shape: valid JSON (or SQLite values) the readers cannot use ------------
+@pytest.fixture(scope="module")
+def run_store(tmp_path_factory) -> Path:
+    """A served workload (``tests/kits/ui_store``): transfers enqueued by ops, admission
+    events, a violation, pool samples, compressed keyframes."""
+    from tests.kits.ui_store import make_store
+
+    path = tmp_path_factory.mktemp("run") / "store.db"
+    make_store(path, requests=12)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine_store(tmp_path_factory) -> Path:
+    """``radixscope run``: the engine's request spans and their resource."""
+    from radixscope.engine.cli import main
+
+    path = tmp_path_factory.mktemp("engine") / "store.db"
+    assert main(["run", "--requests", "6", "--store", str(path), "--no-progress"]) == 0
+    return path
+
+
+def edit_mutation(path: Path, kind: str, at: tuple[int, ...], value: object) -> None:
+    """Set ``at`` (an index path into the mutation) of the first ``kind`` mutation."""
+    con = sqlite3.connect(path)
+    for seq_first, data in con.execute("SELECT seq_first, data FROM journal").fetchall():
+        chunk = json.loads(data)
+        m = next((m for m in chunk if m[2] == kind), None)
+        if m is not None:
+            for i in at[:-1]:
+                m = m[i]
+            m[at[-1]] = value
+            con.execute("UPDATE journal SET data = ? WHERE seq_first = ?",
+                        (json.dumps(chunk), seq_first))
+            break
+    con.commit()
+    con.close()
+
+
+def _export(tmp: Path) -> Callable[[object], object]:
+    return lambda r: telemetry.export_perfetto(r.path, tmp / "t.json")
+
+
+def _at_first_create(r) -> object:
+    """The state right after the journal's first ``node.create``."""
+    m = r.mutations()
+    return r.state_at(int(m[m["kind"] == ev.NODE_CREATE]["seq"].iloc[0]))
+
+
+def _replayed(r) -> object:
+    """The state just before the second keyframe: the journal replayed from the first."""
+    kfs = r.keyframes()["seq"]
+    return r.state_at(int(kfs.iloc[1]) - 1 if len(kfs) > 1 else r.last_seq())
+
+
+LAST_OP = "(SELECT max(op_id) FROM ops)"
+SHAPE_CASES = {  # source store, edit, the reads that must fail, words in the error
+    "ops attrs a JSON array": (
+        "run", lambda p: sql(p, "UPDATE ops SET attrs = '[1,2,3]'"), ("ops", "spans", "export"),
+        ("ops row op_id=1", "attrs is a JSON array, expected a JSON object")),
+    "ops attrs JSON null": (
+        "run", lambda p: sql(p, f"UPDATE ops SET attrs = 'null' WHERE op_id = {LAST_OP}"),
+        ("ops", "spans", "export"), ("op_id=", "attrs is JSON null")),
+    "transfer enqueued_by a list": (
+        "run", lambda p: sql(p, "UPDATE ops SET attrs = json_set(attrs, '$.enqueued_by', "
+                             "json('[3]')) WHERE op = 'transfer'"),
+        ("spans", "export"), ("attrs.enqueued_by is [3]", "expected an op id")),
+    "ops start_ns text": (
+        "run", lambda p: sql(p, f"UPDATE ops SET start_ns = 'soon' WHERE op_id = {LAST_OP}"),
+        ("ops", "spans", "export"), ("op_id=", "start_ns", "'soon'", "expected")),
+    "ops error a blob": (
+        "run", lambda p: sql(p, "UPDATE ops SET error = x'00ff' WHERE error IS NOT NULL"),
+        ("spans",), ("error is b'\\x00\\xff', expected text or null",)),
+    "events attrs a JSON array": (
+        "run", lambda p: sql(p, "UPDATE events SET attrs = '[1]'"), ("events", "export"),
+        ("events row id=1", "attrs is a JSON array, expected a JSON object")),
+    "events seq text": (
+        "run", lambda p: sql(p, "UPDATE events SET seq = 'x' WHERE id = 2"), ("events", "export"),
+        ("events row id=2", "seq is 'x', expected an integer or null")),
+    "violations details a number": (
+        "run", lambda p: sql(p, "UPDATE violations SET details = '5'"), ("violations", "export"),
+        ("violations row id=1", "details is a JSON integer, expected a JSON object")),
+    "metrics capacity text": (
+        "run", lambda p: sql(p, "UPDATE metrics SET capacity = 'lots' WHERE rowid = 2"),
+        ("metrics", "export"), ("metrics row seq=", "capacity is 'lots', expected an integer")),
+    "keyframes ts_ns a real": (
+        "run", lambda p: sql(p, "UPDATE keyframes SET ts_ns = 1.5"), ("keyframes",),
+        ("keyframes row seq=0", "ts_ns is 1.5")),
+    "info stats a JSON array": (
+        "run", lambda p: sql(p, "UPDATE info SET value = '[1]' WHERE key = 'stats'"), ("stats",),
+        ("key='stats' is a JSON array",)),
+    "journal seq_last text": (
+        "run", lambda p: sql(p, "UPDATE journal SET seq_last = 'x'"),
+        ("last_seq", "run_status"), ("seq_last is 'x', expected an integer",)),
+    "journal node a list": (
+        "run", lambda p: edit_mutation(p, ev.NODE_TOUCH, (3,), [1]), ("mutations",),
+        ("node is [1], expected a node id",)),
+    "journal node past 64 bits": (
+        "run", lambda p: edit_mutation(p, ev.NODE_TOUCH, (3,), 2**70), ("mutations",),
+        (f"node is {2**70}",)),
+    "journal creates a node under a list": (
+        "run", lambda p: edit_mutation(p, ev.NODE_CREATE, (6, 0), [1]), ("state_at_create",),
+        ("has parent [1], which is not a node id",)),
+    "spans attributes a JSON array": (
+        "engine", lambda p: sql(p, "UPDATE spans SET attributes = '[1]'"), ("spans", "export"),
+        ("spans row span_id=", "attributes is a JSON array, expected a JSON object")),
+    "spans links a JSON object": (
+        "engine", lambda p: sql(p, "UPDATE spans SET links = '{}'"), ("spans", "export"),
+        ("links is a JSON object, expected a JSON array",)),
+    "spans op_id text": (
+        "engine", lambda p: sql(p, "UPDATE spans SET op_id = 'x'"), ("spans", "export"),
+        ("op_id is 'x', expected an integer or null",)),
+    "resource attributes a JSON string": (
+        "engine", lambda p: sql(p, "UPDATE resources SET attributes = '\"x\"'"), ("spans",),
+        ("resources row id=1", "attributes is a JSON string")),
+    "info resource a JSON array": (
+        "engine", lambda p: sql(p, "UPDATE info SET value = '[1]' WHERE key = 'resource'"),
+        ("spans",), ("key='resource'", "value is a JSON array")),
+}
+READS = {"ops": lambda r: r.ops(), "spans": lambda r: r.spans(), "events": lambda r: r.events(),
+         "violations": lambda r: r.violations(), "metrics": lambda r: r.metrics(),
+         "keyframes": lambda r: r.keyframes(), "stats": lambda r: r.stats(),
+         "last_seq": lambda r: r.last_seq(), "run_status": lambda r: r.run_status(),
+         "mutations": lambda r: r.mutations(), "state_at": _replayed,
+         "state_at_create": _at_first_create}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_CASES))
+def test_rows_of_the_wrong_shape(case, run_store, engine_store, tmp_path):
+    """A store that opens (schema and JSON fine) but whose rows do not have the writer's shape:
+    each read that uses them, and the Perfetto export, raises one ValueError naming the file,
+    the row and the shape expected (before: AttributeError / TypeError tracebacks)."""
+    source, change, reads, words = SHAPE_CASES[case]
+    path = copy(run_store if source == "run" else engine_store, tmp_path)
+    change(path)
+    with telemetry.open_store(path) as r:
+        for read in reads:
+            call = _export(tmp_path) if read == "export" else READS[read]
+            msg = expect(lambda call=call: call(r), ValueError, str(path), *words)
+            assert "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("case", ["ops attrs a JSON array", "events attrs a JSON array",
+                                  "transfer enqueued_by a list", "metrics capacity text"])
+def test_cli_export_of_rows_of_the_wrong_shape_prints_one_line(case, run_store, tmp_path,
+                                                              capsys):
+    from radixscope.engine.cli import main
+
+    _source, change, _reads, words = SHAPE_CASES[case]
+    path = copy(run_store, tmp_path)
+    change(path)
+    code: list[int] = []
+    assert within(lambda: code.append(main(["export", str(path), "--perfetto",
+                                            str(tmp_path / "t.json")]))) is None
+    err = capsys.readouterr().err.splitlines()
+    assert code == [2] and len(err) == 1, err
+    assert err[0].startswith("radixscope export: error: ") and str(path) in err[0]
+    assert words[-1] in err[0]
+
+
+def test_export_of_events_and_violations_without_a_seq(run_store, tmp_path):
+    """A NULL seq is valid (recorded before a cache attached): the mark carries ``seq: null``
+    (before: ``int(pd.NA)`` raised TypeError)."""
+    path = copy(run_store, tmp_path)
+    sql(path, "UPDATE events SET seq = NULL WHERE id = 1; UPDATE violations SET seq = NULL")
+    telemetry.export_perfetto(path, tmp_path / "t.json")
+    marks = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+             if e["ph"] == "i"]
+    with telemetry.open_store(path) as r:
+        assert len(marks) == len(r.events()) + len(r.violations()) == 14
+    assert [m["args"]["seq"] for m in marks if m["cat"] == "violation"] == [None]
+    seqs = [m["args"]["seq"] for m in marks if m["cat"] == "event"]
+    assert seqs[0] is None and all(isinstance(s, int) for s in seqs[1:])
+
+
+def test_the_run_stores_read_whole(run_store, engine_store, tmp_path):
+    """The shape cases' sources pass every check (so each case fails for its edit)."""
+    for path in (run_store, engine_store):
+        with telemetry.open_store(path) as r:
+            for read in READS.values():
+                read(r)
+            assert r.stats() == r.info()["stats"]
+        telemetry.export_perfetto(path, tmp_path / "t.json")
