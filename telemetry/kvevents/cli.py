@@ -75,12 +75,9 @@ def _check_connectable(name: str, endpoint: str | None) -> None:
         return
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.SUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-    except zmq.ZMQError as e:
-        raise ValueError(f"{name} {endpoint!r} is not an endpoint to connect to "
-                         f"({zmq.strerror(e.errno)}; e.g. tcp://127.0.0.1:5557)") from None
-    finally:
-        sock.close()
+    from radixscope.telemetry.kvevents.publisher import try_endpoint
+
+    why = try_endpoint(endpoint, zmq.SUB, connect=True)
+    if why is not None:
+        raise ValueError(f"{name} {endpoint!r} is not an endpoint to connect to ({why}; e.g. "
+                         "tcp://127.0.0.1:5557)")

@@ -41,26 +41,33 @@ from radixscope.telemetry.record.drops import Health
 _TOUCHING = frozenset((ev.NODE_CREATE, ev.NODE_SPLIT, ev.NODE_DELETE, ev.COMP_STATE))
 
 
+def try_endpoint(endpoint: str, kind: int, connect: bool = False) -> str | None:
+    """Bind (``connect``: connect) a ZMQ socket of ``kind`` to ``endpoint`` once and let it
+    go: None when ZMQ took the endpoint, else why not, in words."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        (sock.connect if connect else sock.bind)(endpoint)
+    except zmq.ZMQError as e:
+        return zmq.strerror(e.errno)
+    finally:
+        sock.close()
+    return None
+
+
 def check_endpoints(config: KvEventsConfig) -> None:
     """Bind the publisher's endpoints once each and let them go, in this process: one that is
     in use (another engine, an earlier run still up) or that ZMQ cannot bind is a ValueError
     naming it. ``setup`` calls this before it creates the store: the publisher itself binds
     in the writer process, whose failure the host would learn of only at close, after the
     previous run's store was replaced. (``inproc://`` endpoints are this process's own.)"""
-    ctx = zmq.Context.instance()
     for name, endpoint, kind in (("endpoint", config.endpoint, zmq.PUB),
                                  ("replay_endpoint", config.replay_endpoint, zmq.ROUTER)):
         if endpoint is None or endpoint.startswith("inproc://"):
             continue
-        sock = ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            raise ValueError(f"kv_events {name} {endpoint}: cannot bind it: "
-                             f"{zmq.strerror(e.errno)}") from None
-        finally:
-            sock.close()
+        why = try_endpoint(endpoint, kind)
+        if why is not None:
+            raise ValueError(f"kv_events {name} {endpoint}: cannot bind it: {why}")
 
 
 class KvEventPublisher:
