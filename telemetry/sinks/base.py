@@ -22,7 +22,10 @@ Optional methods, called only on sinks that define them: ``bind(fanout)`` once a
 built (read ``fanout.stats()`` or another sink by ``fanout.named[name]``: the store reads the
 span sink's ids); ``spans(rows)`` (host-process span rows) and ``violation(ts_ns, seq, kind,
 message, details)``; ``commit()`` after each batch of messages; ``end(clean)`` before the final
-flush (``clean`` False: the host process went away without closing telemetry). A sink whose
+flush (``clean`` False: the host process went away without closing telemetry); ``cuts(ops)``,
+called before an op batch: ascending indices of ops after which the sink must see the replica
+(the store's pool samples), and every sink then gets that batch as sub-batches ending there,
+each with its own mutations, the replica having applied just those. A sink whose
 class sets ``records_close = True`` (the store) is flushed and closed after every other sink
 has closed, so what fails while the exporters shut down is in the stats it keeps.
 

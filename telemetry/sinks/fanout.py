@@ -4,14 +4,19 @@
 mutations into its ``Journal`` (the replica every sink may read, given at ``attach``) and hands
 each op batch with its accepted mutations, each event, the attach, flush and close to every
 ``Sink`` (``telemetry/sinks/base.py``) in order: the built-in spans, metrics and store, and any
-registered one. The same class runs in the writer process (process mode) or on the drain
-thread (inline mode). A failing sink call is logged and counted (``sink.<Class>.<method>``),
+registered one. A sink with a ``cuts`` method (the store: its pool samples) may ask for an op
+batch to be handed over in sub-batches, so that it reads the replica at those ops: each
+sub-batch comes with its own mutations only (up to its last op's ``seq_last``), accepted into
+the replica just before. The same class runs in the writer process (process mode) or on the
+drain thread (inline mode). A failing sink call is logged and counted (``sink.<Class>.<method>``),
 never raised, and the other sinks still get the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import bisect
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from radixscope.cache.snapshot import CacheSnapshot
@@ -44,6 +49,7 @@ class Fanout:
         self._final: dict = {}
         self._stage = {id(s): f"sink.{type(s).__name__}." for s in self.sinks}
         self._commit = [s for s in self.sinks if hasattr(s, "commit")]
+        self._cutters = [s for s in self.sinks if hasattr(s, "cuts")]
         for sink in self.sinks:
             if hasattr(sink, "bind"):
                 with self._guard(sink, "bind"):
@@ -85,8 +91,38 @@ class Fanout:
         self._each("attach", info, snap, self.journal)
 
     def _ops(self, ops: list, muts: list[tuple]) -> None:
+        """One op batch, cut where a sink asks (``_cuts``): each sub-batch's ops with the
+        mutations up to its last op's ``seq_last``; the rest with the last sub-batch."""
+        cuts = self._cuts(ops) if self._cutters and ops else ()
+        if not cuts:
+            self._deliver(ops, muts)
+            return
+        muts = sorted(muts, key=_SEQ)
+        op_at = mut_at = 0
+        for i in cuts:
+            upto = bisect.bisect_right(muts, ops[i].seq_last, lo=mut_at, key=_SEQ)
+            self._deliver(ops[op_at:i + 1], muts[mut_at:upto])
+            op_at, mut_at = i + 1, upto
+        self._deliver(ops[op_at:], muts[mut_at:])
+
+    def _cuts(self, ops: Sequence) -> list[int]:
+        """The op indices after which some sink asked a sub-batch to end, sorted, each but
+        the batch's last op (a failing ``cuts`` is counted and asks for none)."""
+        out: list[int] = []
+        n = len(ops) - 1
+        for sink in self._cutters:
+            try:
+                got = sink.cuts(ops)  # type: ignore[attr-defined]
+                if got:
+                    out += [i for i in got if 0 <= i < n]
+            except Exception as e:  # noqa: BLE001 - guard point: log + count, no cuts
+                self.health.fail(self._stage[id(sink)] + "cuts", e)
+        return sorted(set(out)) if len(self._cutters) > 1 else out
+
+    def _deliver(self, ops: list, muts: list[tuple]) -> None:
+        """Accept ``muts`` into the replica, then hand ``ops`` with them to every sink."""
         j = self.journal
-        accepted = j.accept(muts) if j is not None else sorted(muts, key=lambda m: m[0])
+        accepted = j.accept(muts) if j is not None else sorted(muts, key=_SEQ)
         self.ops_seen += len(ops)
         health, stage = self.health, self._stage
         for sink in self.sinks:
@@ -153,3 +189,6 @@ class Fanout:
             with self._guard(sink, "close"):
                 sink.close()
         return self._final
+
+
+_SEQ = operator.itemgetter(0)

@@ -4,10 +4,14 @@ Built from the registry as ``store`` (``telemetry/sinks/base.py``) with plain-da
 ``StoreSink(health, path, keyframe_every=, keyframe_nodes=, sample_every_ms=, resource=)``.
 Beside the rows it writes a keyframe every ``keyframe_every`` mutations (and at least
 ``keyframe_nodes`` times the node count: a keyframe's cost grows with the tree) and a pool
-sample every ``sample_every_ms`` of cache time, both read off the fan-out's journal replica; it commits once
-per batch of messages (``commit``). Each op row carries its span's ids, read from the span
-sink's ``ids`` (``bind``); without a span sink, none. Host-process spans arrive as rows (the
-``spans`` message, process mode) or as SDK spans through ``put_span`` (inline mode).
+sample every ``sample_every_ms`` of cache time, both read off the fan-out's journal replica; it
+commits once per batch of messages (``commit``). Samples are in cache time: the attach state's
+is stamped at the first op's start (at ``flush`` if no op comes), each later one at the end of
+the op whose state it holds; a batch spanning several intervals is cut there (``cuts``), so a
+writer that fell behind still samples every interval. Each op row carries its span's ids, read
+from the span sink's ``ids`` (``bind``); without a span sink, none. Host-process spans arrive
+as rows (the ``spans`` message, process mode) or as SDK spans through ``put_span`` (inline
+mode).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class StoreSink:
         path: an existing store file (``create_store`` made it).
         keyframe_every: mutations between keyframes, at least.
         keyframe_nodes: and at least this many times the replica's node count (0: off).
-        sample_every_ms: cache time between pool samples.
+        sample_every_ms: cache time between pool samples (0: one per batch, never cut).
         resource: attributes of the resource the cache's spans carry (the ``resource`` info).
 
     Raises:
@@ -68,6 +72,7 @@ class StoreSink:
         self._kf_at = 0
         self._sample_ns = 0
         self._last_end_ns = 0
+        self._first: tuple[int, list] | None = None  # the attach state's sample, until an op
 
     def bind(self, fanout: Any) -> None:
         """The span sink's ids and the fan-out's merged stats."""
@@ -89,11 +94,34 @@ class StoreSink:
         st.set_info("resource", self._resource)
         st.write_node_tokens((n.node_id, n.tokens) for n in snapshot.nodes)
         st.write_keyframe(snapshot.seq, snapshot.to_dict())
-        if replica is not None:
-            st.write_metrics(snapshot.seq, time.time_ns(), replica.pools())
+        if replica is not None:  # stamped by the first op: the writer's clock here lags
+            self._first = (snapshot.seq, replica.pools())
+
+    def cuts(self, ops: Sequence[CompactOp]) -> list[int]:
+        """Indices of ``ops`` after which a pool sample is due, but the last: the fan-out ends
+        a sub-batch after each (``Fanout._ops``), so each sample reads the replica at its own
+        op, and ``ops`` takes the last at the batch's end as for any batch. Empty (the common
+        batch, checked in O(1)) unless the batch spans two sample intervals."""
+        every = self.sample_every_ns
+        j = self.journal
+        if not ops or every <= 0 or j is None or j.broken:
+            return []
+        last = self._last_end_ns
+        at = self._sample_ns if self._first is None else _first_start(ops)
+        if max(last, ops[-1].end_ns) - at < 2 * every:
+            return []
+        out = []
+        for i, op in enumerate(ops):  # what ``ops`` would decide were a sub-batch to end here
+            end = op.end_ns if op.end_ns > last else last
+            if end - at >= every:
+                out.append(i)
+                at = last = end
+        return out[:-1]
 
     def ops(self, ops: Sequence[CompactOp], mutations: Sequence[tuple]) -> None:
         if ops:
+            if self._first is not None:
+                self._write_first(self._first, _first_start(ops))
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
         spans = self._spans
         ids = spans.ids if spans is not None else ()
@@ -161,10 +189,12 @@ class StoreSink:
         self._drain_spans()
         with self.health.guard("store.flush"):
             j = self.journal
+            if self._first is not None:  # no op came: the attach state, stamped now
+                self._write_first(self._first, time.time_ns())
+            elif j is not None and not j.broken:
+                self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
+                                         j.pools())
             if j is not None:
-                if not j.broken:
-                    self.store.write_metrics(j.seq, max(self._last_end_ns, time.time_ns()),
-                                             j.pools())
                 self.store.set_info("gaps", j.gaps)
                 self.store.set_info("last_seq", j.last_seq)
             self.store.set_info("stats", self._stats())
@@ -173,3 +203,16 @@ class StoreSink:
     def close(self) -> None:
         with self.health.guard("store.close"):
             self.store.close()
+
+    def _write_first(self, first: tuple[int, list], ts_ns: int) -> None:
+        """The attach state's pool sample (``first``: seq, pools) at ``ts_ns``; later samples
+        count from it."""
+        seq, pools = first
+        self._first = None
+        self._sample_ns = ts_ns
+        self.store.write_metrics(seq, ts_ns, pools)
+
+
+def _first_start(ops: Sequence[CompactOp]) -> int:
+    """The earliest start in ``ops`` (a transfer's record starts when it was enqueued)."""
+    return min(op.start_ns for op in ops)
