@@ -163,15 +163,20 @@ def _check_store_target(path: str) -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    store = None if ns.no_store else ns.store
+    try:
+        kv_cli.check_run_options(ns)
+    except ValueError as e:
+        raise UsageError(f"radixscope run: error: {e}") from None
+    with kv_cli.run_options(ns):
+        return _run(ns, store)
+
+
+def _run(ns: argparse.Namespace, store: str | None) -> int:
     from radixscope.engine.progress import ProgressBar
     from radixscope.engine.run import execute
     from radixscope.engine.summary import format_summary, summarize
 
-    store = None if ns.no_store else ns.store
-    try:
-        kv_cli.apply_run_options(ns)
-    except ValueError as e:
-        raise UsageError(f"radixscope run: error: {e}") from None
     if store is not None:
         _check_store_target(store)
     spec = RunSpec(workload=ns.workload, requests=ns.requests, seed=ns.seed, preset=ns.preset,

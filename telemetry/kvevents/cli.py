@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 from radixscope.telemetry.kvevents.config import ENV_ENDPOINT, ENV_REPLAY
 
@@ -29,21 +31,39 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="bind the KV-event replay ROUTER socket here")
 
 
-def apply_run_options(ns: argparse.Namespace) -> None:
-    """``run --kv-events``: the setting reaches ``telemetry.setup`` through its variables.
+def check_run_options(ns: argparse.Namespace) -> None:
+    """``run``'s KV-event options, before anything is set.
 
     Raises:
         ValueError: ``--kv-events-replay`` without ``--kv-events``, or either with
             ``--no-store`` (no telemetry: nothing would publish)."""
-    if getattr(ns, "kv_events_replay", None) and not getattr(ns, "kv_events", None):
-        raise ValueError(f"--kv-events-replay {ns.kv_events_replay} needs --kv-events (the "
-                         "replay socket serves what the PUB socket published)")
-    if getattr(ns, "kv_events", None) and getattr(ns, "no_store", False):
+    endpoint, replay = getattr(ns, "kv_events", None), getattr(ns, "kv_events_replay", None)
+    if replay and not endpoint:
+        raise ValueError(f"--kv-events-replay {replay} needs --kv-events (the replay socket "
+                         "serves what the PUB socket published)")
+    if endpoint and getattr(ns, "no_store", False):
         raise ValueError("--kv-events needs telemetry: drop --no-store")
-    if getattr(ns, "kv_events", None):
-        os.environ[ENV_ENDPOINT] = ns.kv_events
-        if ns.kv_events_replay:
-            os.environ[ENV_REPLAY] = ns.kv_events_replay
+
+
+@contextlib.contextmanager
+def run_options(ns: argparse.Namespace) -> Iterator[None]:
+    """``run --kv-events`` (checked by ``check_run_options``): the setting reaches
+    ``telemetry.setup`` through its variables, set for the ``with`` block and put back after
+    it, so a caller of ``main`` in its own process keeps its environment."""
+    endpoint, replay = getattr(ns, "kv_events", None), getattr(ns, "kv_events_replay", None)
+    saved = {k: os.environ.get(k) for k in (ENV_ENDPOINT, ENV_REPLAY)}
+    if endpoint:
+        os.environ[ENV_ENDPOINT] = endpoint
+        if replay:
+            os.environ[ENV_REPLAY] = replay
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cmd_watch(ns: argparse.Namespace) -> int:

@@ -70,6 +70,24 @@ def test_kv_events_options_that_would_be_ignored_are_refused(args, needle, capsy
     assert needle in _one_error_line(capsys)
 
 
+def test_a_kv_events_run_leaves_the_callers_environment_as_it_was(held_port, store, capsys):
+    """``--kv-events`` reaches telemetry through its variables for the run only: a caller of
+    ``main`` in its own process (and every later ``telemetry.setup`` there) does not inherit
+    them, whether the run ran or was refused."""
+    import os
+
+    from radixscope.telemetry.kvevents.config import ENV_ENDPOINT, ENV_REPLAY
+
+    assert ENV_ENDPOINT not in os.environ and ENV_REPLAY not in os.environ
+    free = f"tcp://127.0.0.1:{free_port()}"
+    assert main(["run", *SMALL, "--store", str(store), "--kv-events", free,
+                 "--kv-events-replay", f"tcp://127.0.0.1:{free_port()}"]) == 0
+    assert main(["run", *SMALL, "--store", str(store),
+                 "--kv-events", f"tcp://127.0.0.1:{held_port}"]) == 2
+    assert ENV_ENDPOINT not in os.environ and ENV_REPLAY not in os.environ
+    capsys.readouterr()
+
+
 def test_a_run_whose_telemetry_writer_failed_says_its_store_is_incomplete(
         held_port, tmp_path, monkeypatch, capsys):
     """The port taken between the check and the writer's bind (the check is skipped here):
