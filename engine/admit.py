@@ -62,8 +62,9 @@ class Admitter:
         self.verified_tokens = 0
         # with an L3 tier, admission's match reports what a finished prefetch brought
         self._l3 = {"prefetch": True} if getattr(self.cache, "storage", None) else {}
-        # called with (BudgetViolation, CacheOutOfMemory) right after one is recorded; a strict
-        # run raises from it to stop at the first broken admission guarantee
+        # called with (BudgetViolation, CacheOutOfMemory) before the violation is recorded in
+        # the store; a strict run raises from it to stop at the first broken admission
+        # guarantee (and records it itself), a hook that returns leaves it to be recorded here
         self.on_violation = None
 
     def never_fits(self, seq: Sequence) -> str | None:
@@ -262,13 +263,13 @@ class Admitter:
                    anchor: int | None = None) -> None:
         v = BudgetViolation(seq.rid, stage, str(e), adm, anchor)
         self.budget_violations.append(v)
-        if self.tel is not None and self.on_violation is None:  # a strict run stops here and
+        if self.on_violation is not None:  # a strict run's hook raises: the run stops and
             # records the violation once, with its blame and bundle (``engine.run.execute``)
+            self.on_violation(v, e)
+        if self.tel is not None:
             self.tel.record_violation(
                 f"request {seq.rid} passed admission but its {stage} ran out of memory: {e}",
                 kind="budget", details={"req_id": seq.rid, "stage": stage, "admission": adm})
-        if self.on_violation is not None:
-            self.on_violation(v, e)
 
 
 __all__ = ["Admitter", "BudgetViolation", "ADMITTED", "REFUSED", "REJECTED"]

@@ -370,6 +370,8 @@ def _check_trace_target(path: str, store: str) -> None:
     if out.exists():
         if os.path.samefile(out, store):
             raise bad("is the store being exported; choose another file")
+        if not out.is_file():  # /dev/stdout, a pipe: written as given, never read
+            return
         try:
             with open(out, "rb") as f:
                 head = f.read(len(_TRACE_HEAD))

@@ -101,7 +101,8 @@ class RunSpec:
                                      f"{name!r} does not have")
                 over[k] = v
         page = over.get("page_size", PRESETS[name]["page_size"])
-        for k in _TOKEN_POOLS:  # the preset's token pools, rounded down to whole pages
+        for k in _TOKEN_POOLS if page >= 1 else ():  # the preset's token pools, rounded down
+            # to whole pages (a page size < 1 is CacheConfig's to refuse)
             if k not in over and PRESETS[name].get(k) is not None:
                 over[k] = max(page, PRESETS[name][k] // page * page)
         return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu",

@@ -85,6 +85,7 @@ class Summary:
     branch_states: int = 0
     # what telemetry lost ("" when nothing): failures at close, dropped records
     telemetry_problem: str = ""
+    export_problem: str = ""  # exporters that failed (the store is whole): stage counts
 
     @property
     def requests_per_s(self) -> float:
@@ -142,16 +143,29 @@ def summarize(result: RunResult) -> Summary:
         bundles=tuple(str(p) for p in result.bundles), storage=result.spec.storage,
         storage_line=_storage_line(result), strict=result.strict, branch_points=d.branch_points,
         branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states,
-        telemetry_problem=telemetry_problem(result.telemetry_stats))
+        telemetry_problem=telemetry_problem(result.telemetry_stats),
+        export_problem=export_problem(result.telemetry_stats))
+
+
+# failure stages that only export (spans, metrics, KV events, OTLP): the store is whole
+_EXPORT_STAGES = ("span_export", "metrics", "batch_span_processor", "provider.", "kv_events",
+                  "exporter.", "prioritize", "flush.deprioritize")
+
+
+def _keeps_store(stage: str) -> bool:
+    """Whether a failure at ``stage`` can leave the store missing part of the run."""
+    if stage.startswith("sink."):
+        return stage.startswith("sink.StoreSink.")
+    return not stage.startswith(_EXPORT_STAGES)
 
 
 def telemetry_problem(stats: dict | None) -> str:
-    """What went wrong with the run's telemetry, in words ("" when nothing did): its failures
-    per stage and the records it dropped, so a store missing part of the run says so."""
+    """What the run's store lost, in words ("" when nothing): failures at the stages that keep
+    it (recording, the drain, the writer, the store) per stage, and the records dropped."""
     if not stats:
         return ""
     parts = []
-    failures = stats.get("failures") or {}
+    failures = {k: n for k, n in (stats.get("failures") or {}).items() if _keeps_store(k)}
     if failures:
         where = ", ".join(f"{stage} {n:,}" for stage, n in sorted(failures.items()))
         parts.append(f"telemetry failed ({where}; logged above)")
@@ -159,6 +173,13 @@ def telemetry_problem(stats: dict | None) -> str:
     if dropped:
         parts.append("dropped " + ", ".join(f"{n:,} {k}s" for k, n in sorted(dropped.items())))
     return "; ".join(parts)
+
+
+def export_problem(stats: dict | None) -> str:
+    """Failures of the exporters alone (spans, metrics, KV events): the store is whole."""
+    failures = {k: n for k, n in ((stats or {}).get("failures") or {}).items()
+                if not _keeps_store(k)}
+    return ", ".join(f"{stage} {n:,}" for stage, n in sorted(failures.items()))
 
 
 def _storage_line(result: RunResult) -> str:
@@ -233,6 +254,9 @@ def format_summary(s: Summary) -> str:
         lines.append(f"  store        {s.store} (radixscope ui {s.store})" if not
                      s.telemetry_problem else f"  store        {s.store}, INCOMPLETE: "
                      f"{s.telemetry_problem}")
+    if s.export_problem:
+        lines.append(f"  exporters    failed: {s.export_problem} (logged above; the store "
+                     "is not affected)")
     for b in s.bundles:
         lines.append(f"  bundle       {b} (telemetry.analysis.load.load_bundle; "
                      "notebooks/postmortem.ipynb)")

@@ -115,9 +115,12 @@ def _store_summary(rec) -> str:
             lines.append("NODES: " + ", ".join(str(n) for n in f["nodes"]))
         if f.get("rule"):
             lines.append(f"RULE: {f['rule']}")
-    lines += [f"VIOLATION at seq {s}: {m}" for s, m in
-              zip(v.get("seq", []), v.get("message", []), strict=False)
-              if f is None or m != f["message"]]  # the others
+    shown = None if f is None else (f["seq"], f["message"])
+    for s, m in zip(v.get("seq", []), v.get("message", []), strict=False):
+        if shown is not None and (s, m) == shown:
+            shown = None  # the followed one, named above: the others only (repeats too)
+            continue
+        lines.append(f"VIOLATION at seq {s}: {m}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,8 @@ served by a small thread of its own, at most ``replay_per_s`` requests a second 
 from __future__ import annotations
 
 import collections
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -47,7 +49,11 @@ def try_endpoint(endpoint: str, kind: int, connect: bool = False) -> str | None:
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        (sock.connect if connect else sock.bind)(endpoint)
+        if connect:
+            sock.connect(endpoint)
+        else:
+            sock.bind(endpoint)
+            sock.unbind(sock.getsockopt_string(zmq.LAST_ENDPOINT))  # the port free at once
     except zmq.ZMQError as e:
         return zmq.strerror(e.errno)
     finally:
@@ -55,17 +61,38 @@ def try_endpoint(endpoint: str, kind: int, connect: bool = False) -> str | None:
     return None
 
 
+def _ipc_in_use(endpoint: str) -> bool:
+    """Whether something accepts on an ``ipc://`` endpoint's socket file: ZMQ's bind would
+    unlink that file (taking it from its owner) rather than fail, so it is not tried."""
+    path = endpoint[len("ipc://"):]
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return False  # a stale file: binding replaces it
+    finally:
+        probe.close()
+    return True
+
+
 def check_endpoints(config: KvEventsConfig) -> None:
     """Bind the publisher's endpoints once each and let them go, in this process: one that is
     in use (another engine, an earlier run still up) or that ZMQ cannot bind is a ValueError
     naming it. ``setup`` calls this before it creates the store: the publisher itself binds
     in the writer process, whose failure the host would learn of only at close, after the
-    previous run's store was replaced. (``inproc://`` endpoints are this process's own.)"""
+    previous run's store was replaced. (``inproc://`` endpoints are this process's own; an
+    ``ipc://`` one is checked by connecting to its socket file, never by binding it.)"""
     for name, endpoint, kind in (("endpoint", config.endpoint, zmq.PUB),
                                  ("replay_endpoint", config.replay_endpoint, zmq.ROUTER)):
         if endpoint is None or endpoint.startswith("inproc://"):
             continue
-        why = try_endpoint(endpoint, kind)
+        if endpoint.startswith("ipc://"):
+            why = "Address already in use" if _ipc_in_use(endpoint) else None
+        else:
+            why = try_endpoint(endpoint, kind)
         if why is not None:
             raise ValueError(f"kv_events {name} {endpoint}: cannot bind it: {why}")
 

@@ -108,16 +108,16 @@ class Fanout:
     def _cuts(self, ops: Sequence) -> list[int]:
         """The op indices after which some sink asked a sub-batch to end, sorted, each but
         the batch's last op (a failing ``cuts`` is counted and asks for none)."""
-        out: list[int] = []
+        out: set[int] = set()
         n = len(ops) - 1
         for sink in self._cutters:
             try:
                 got = sink.cuts(ops)  # type: ignore[attr-defined]
-                if got:
-                    out += [i for i in got if 0 <= i < n]
+                if got:  # whatever a sink returns: in-range ints only
+                    out.update(i for i in got if type(i) is int and 0 <= i < n)
             except Exception as e:  # noqa: BLE001 - guard point: log + count, no cuts
                 self.health.fail(self._stage[id(sink)] + "cuts", e)
-        return sorted(set(out)) if len(self._cutters) > 1 else out
+        return sorted(out)
 
     def _deliver(self, ops: list, muts: list[tuple]) -> None:
         """Accept ``muts`` into the replica, then hand ``ops`` with them to every sink."""

@@ -73,6 +73,7 @@ class StoreSink:
         self._sample_ns = 0
         self._last_end_ns = 0
         self._first: tuple[int, list] | None = None  # the attach state's sample, until an op
+        self._first_at: int | None = None  # its stamp, when ``cuts`` saw the whole batch
 
     def bind(self, fanout: Any) -> None:
         """The span sink's ids and the fan-out's merged stats."""
@@ -107,7 +108,10 @@ class StoreSink:
         if not ops or every <= 0 or j is None or j.broken:
             return []
         last = self._last_end_ns
-        at = self._sample_ns if self._first is None else _first_start(ops)
+        if self._first is None:
+            at = self._sample_ns
+        else:  # the attach sample goes at the batch's earliest start, whichever sub-batch
+            at = self._first_at = _first_start(ops)  # holds it (``ops`` stamps it so)
         if max(last, ops[-1].end_ns) - at < 2 * every:
             return []
         out = []
@@ -121,7 +125,9 @@ class StoreSink:
     def ops(self, ops: Sequence[CompactOp], mutations: Sequence[tuple]) -> None:
         if ops:
             if self._first is not None:
-                self._write_first(self._first, _first_start(ops))
+                start = _first_start(ops)
+                self._write_first(self._first, start if self._first_at is None
+                                  else min(start, self._first_at))
             self._last_end_ns = max(self._last_end_ns, ops[-1].end_ns)
         spans = self._spans
         ids = spans.ids if spans is not None else ()

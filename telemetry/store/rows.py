@@ -16,7 +16,9 @@ import functools
 import json
 import math
 import sqlite3
+from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from radixscope.cache import events as ev
@@ -63,26 +65,28 @@ def shaped(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """
     for col, kind in JSON_SHAPES.get(table, {}).items():
         if col in df.columns:
-            df[col] = decode_column(table, col, df[col].tolist(), kind, _keys(table, df))
+            df[col] = decode_column(table, col, df[col].tolist(), kind,
+                                    functools.partial(_keys, table, df))
     for col, nullable in int_columns(table):
         if col in df.columns:
             df[col] = _ints(table, df, col, nullable)
     return df
 
 
-def decode_column(table: str, col: str, raw: list, kind: type, keys: list) -> list:
-    """Each JSON text in ``raw`` decoded; ``Malformed`` naming ``keys[i]`` unless every one
-    is JSON text of type ``kind``."""
+def decode_column(table: str, col: str, raw: list, kind: type,
+                  keys: Callable[[], list]) -> list:
+    """Each JSON text in ``raw`` decoded; ``Malformed`` naming ``keys()[i]`` (built only
+    then: the rows' names cost a format each) unless every one is JSON text of type ``kind``."""
     try:
         vals = [json.loads(v) for v in raw]
     except (ValueError, TypeError, RecursionError):
-        for v, key in zip(raw, keys, strict=True):
+        for v, key in zip(raw, keys(), strict=True):
             decode(v, kind, table, col, key)  # raises for the first bad row
         raise
     bad = [i for i, v in enumerate(vals) if type(v) is not kind]
     if bad:
         i = bad[0]
-        raise Malformed(f"{table} row {keys[i]}: {col} is {json_type(vals[i])}, expected "
+        raise Malformed(f"{table} row {keys()[i]}: {col} is {json_type(vals[i])}, expected "
                         f"{_JSON_NAMES[kind]} ({len(bad)} of {len(vals)} rows are not)")
     return vals
 
@@ -143,6 +147,10 @@ def _ints(table: str, df: pd.DataFrame, col: str, nullable: bool) -> pd.Series:
     as_int64 = col in NULLABLE_INT64.get(table, ())
     if s.dtype.kind in "iu":
         return s.astype("Int64") if as_int64 else s
+    if s.dtype.kind == "f":  # an integer column with NULLs, as pandas reads it: one pass
+        whole = np.isfinite(s) & (s == np.floor(s)) & (s.abs() < 2.0**63)
+        if bool((whole | s.isna()).all() if nullable else whole.all()):
+            return s.astype("Int64") if as_int64 else s
     vals = s.tolist()  # NULLs (and ints beside them) come as None / NaN and floats
     bad = [i for i, v in enumerate(vals) if not _int_like(v, nullable)]
     if not bad and as_int64:

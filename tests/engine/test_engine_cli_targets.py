@@ -135,3 +135,80 @@ def test_watch_refuses_a_malformed_endpoint_before_making_its_store(tmp_path, ca
     assert main(["export", str(path), "--perfetto", str(tmp_path / "w.json")]) == 0
     err = capsys.readouterr().err
     assert "holds no cache operations, spans or samples, so the trace is empty" in err, err
+
+
+def test_only_failures_that_keep_the_store_make_it_incomplete():
+    """An exporter that fails (spans, metrics, KV events) leaves the store whole: the summary
+    names it, and only failures of recording, the drain, the writer or the store, or dropped
+    records, call the store incomplete (exit 1)."""
+    from radixscope.engine.summary import export_problem, telemetry_problem
+
+    stats = {"dropped": {"op": 0, "mutation": 0}, "failures": {
+        "span_export": 2, "sink.KvEventPublisher.ops": 1, "kv_events.replay": 1,
+        "provider.force_flush": 1}}
+    assert telemetry_problem(stats) == ""
+    assert export_problem(stats) == ("kv_events.replay 1, provider.force_flush 1, "
+                                     "sink.KvEventPublisher.ops 1, span_export 2")
+    stats["failures"].update({"close": 1, "sink.StoreSink.ops": 3})
+    stats["dropped"]["op"] = 5
+    assert telemetry_problem(stats) == ("telemetry failed (close 1, sink.StoreSink.ops 3; "
+                                        "logged above); dropped 5 ops")
+
+
+def test_export_writes_to_a_pipe_without_reading_it(store, tmp_path, capsys):
+    """A target that is not a regular file (a FIFO, /dev/stdout) is written as given: the
+    check never reads it (reading a FIFO with no writer blocks for ever)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    done: list[int] = []
+    writer = threading.Thread(target=lambda: done.append(
+        main(["export", str(store), "--perfetto", str(fifo)])), daemon=True)
+    writer.start()
+    writer.join(60)
+    reader.join(10)
+    assert done == [0] and json.loads(got[0])["traceEvents"]
+    capsys.readouterr()
+
+
+def test_an_ipc_endpoint_in_use_is_refused_without_taking_its_socket_file(tmp_path):
+    """ZMQ's ipc bind would unlink another engine's socket file rather than fail: the check
+    connects to it instead, and the owner keeps serving."""
+    from radixscope.telemetry.kvevents.config import KvEventsConfig
+
+    path = tmp_path / "kv.sock"
+    ctx = zmq.Context()
+    owner = ctx.socket(zmq.PUB)
+    owner.setsockopt(zmq.LINGER, 0)
+    owner.bind(f"ipc://{path}")
+    try:
+        with pytest.raises(ValueError, match="cannot bind it: Address already in use"):
+            publisher.check_endpoints(KvEventsConfig(f"ipc://{path}"))
+        assert path.exists()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"ipc://{path}")
+        import time
+        deadline = time.monotonic() + 10
+        while not sub.poll(50):
+            assert time.monotonic() < deadline, "the owner no longer serves its endpoint"
+            owner.send(b"still here")
+        assert sub.recv() == b"still here"
+        sub.close()
+    finally:
+        owner.close()
+        ctx.term()
+    publisher.check_endpoints(KvEventsConfig(f"ipc://{path}"))  # freed: a stale file is fine
+
+
+def test_a_page_size_below_one_is_the_configs_error_not_a_division():
+    from radixscope.engine.run import RunSpec
+
+    with pytest.raises(ValueError, match="page_size"):
+        RunSpec(sizes={"page_size": 0}).cache_config()
