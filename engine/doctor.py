@@ -10,7 +10,8 @@ rejected (the run did nothing: never "healthy" either). An external engine's sto
 (``radixscope watch``) has no pool sizes: its budget counts the blocks only.
 
 The store is untrusted: a JSON value of the wrong shape (an event's ``attrs`` that is not an
-object, ``stats`` that is not one) is a ``ValueError`` naming the file.
+object, ``stats`` that is not one: the reader's checks, and the doctor's own on what it walks
+beyond them) is a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
@@ -48,17 +49,12 @@ def _damaged(path: str, what: str, value: object) -> ValueError:
                       f"{type(value).__name__} {str(value)[:40]!r}, not a JSON object")
 
 
-def _checked(path: str, info: dict, events: pd.DataFrame) -> None:
+def _checked(path: str, info: dict, stats: dict) -> None:
     """Raise ``ValueError`` naming ``path`` where a JSON value the doctor walks is not an
-    object: an event's ``attrs``, ``info["cache"]``, ``info["stats"]`` and its ``dropped`` /
-    ``failures``."""
-    for eid, attrs in zip(events.get("id", []), events.get("attrs", []), strict=True):
-        if not isinstance(attrs, dict):
-            raise _damaged(path, f"event {eid}'s attrs", attrs)
-    for key in ("cache", "stats"):
-        if not isinstance(info.get(key, {}), dict):
-            raise _damaged(path, f'info["{key}"]', info[key])
-    stats = info.get("stats", {})
+    object: ``info["cache"]``, and the ``dropped`` / ``failures`` of the stats (the reader
+    checks events' ``attrs`` and the stats themselves)."""
+    if not isinstance(info.get("cache", {}), dict):
+        raise _damaged(path, 'info["cache"]', info["cache"])
     for key in ("dropped", "failures"):
         if not isinstance(stats.get(key) or {}, dict):
             raise _damaged(path, f'info["stats"]["{key}"]', stats[key])
@@ -159,9 +155,9 @@ def diagnose(path: str, prefetch_config: PrefetchConfig | None = None) -> Doctor
         snap = r.state_at(seq)
         violations = r.violations()
         events = r.events()
+        stats = r.stats()
         last_ns = _last_time(r.ops(), events)
-    _checked(path, info, events)
-    stats = info.get("stats", {})
+    _checked(path, info, stats)
     admissions = events[events["kind"] == EVENT_ADMISSION] if not events.empty else events
     known = pool_sizes_known(info)
     rejected_all = _rejected_all(list(admissions["attrs"]) if not admissions.empty else [])

@@ -11,8 +11,8 @@ MAMBA copy-on-write load-back). A negative *held* means some slots are counted t
 
 An external engine's store (``radixscope watch``) knows the engine's blocks but not its pool
 sizes (``info["cache"]["pools"]`` is empty, the snapshot's capacities 0; see
-``pool_sizes_known``): with ``pools_known=False`` the budget says the capacity is unknown and the capacity checks are
-skipped, while the blocks in the tree are still counted.
+``pool_sizes_known``): with ``pools_known=False`` the budget says the capacity is unknown and
+the capacity checks are skipped, while the blocks in the tree are still counted.
 """
 
 from __future__ import annotations

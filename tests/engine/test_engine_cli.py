@@ -136,7 +136,7 @@ DAMAGED_JSON = {  # sql on a copy of a good store -> what the one error line nam
     "event attrs a list": ("UPDATE events SET attrs = '[1]'", "events row id=1: attrs is"),
     "event attrs null": ("UPDATE events SET attrs = 'null'", "events row id=1: attrs is"),
     "stats a list": ("UPDATE info SET value = '[1]' WHERE key = 'stats'",
-                     'info["stats"] is list'),
+                     "info row key='stats' is a JSON array, expected a JSON object"),
     "stats.dropped a list": ("UPDATE info SET value = '{\"dropped\": [1]}' WHERE key = 'stats'",
                              'info["stats"]["dropped"] is list'),
     "stats.failures a number": ("UPDATE info SET value = '{\"failures\": 3}' "

@@ -139,3 +139,48 @@ def test_inject_from_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "invariant problem" in err and "full.host.slot_shared" in err
     assert list((tmp_path / "bundles").glob("bundle-*.db"))
+
+
+def test_a_violation_hook_that_returns_leaves_every_budget_violation_recorded(tmp_path):
+    """Outside a strict run the admitter records each budget violation in the store; a hook on
+    ``on_violation`` that returns (rather than stopping the run) does not take that away."""
+    settings, _rule, _op = ZOO["admission_swa_load_back"]
+    store = tmp_path / "run.db"
+    seen: list = []
+
+    def install(engine) -> None:  # the fault and a returning hook, before the first admission
+        if not seen and engine.admitter.on_violation is None:
+            zoo.inject(engine.cache.cache, "admission_swa_load_back")
+            engine.admitter.on_violation = lambda v, e: seen.append(v)
+            seen.append(None)
+
+    r = execute(spec(settings, store), fault=install)
+    hooked = [v for v in seen if v is not None]
+    assert hooked and r.engine.admitter.budget_violations == hooked
+    with open_store(store) as reader:
+        budget = reader.violations().query("kind == 'budget'")
+    assert len(budget) == len(hooked)
+    assert [d["req_id"] for d in budget["details"]] == [v.req_id for v in hooked]
+
+
+def test_the_store_post_mortem_lists_a_repeat_of_the_violation_it_follows(tmp_path):
+    """The post-mortem on a store names the violation it follows once, above, and lists every
+    other row, a repeat of the same message at the same seq included."""
+    import shutil
+    import sqlite3
+
+    settings, rule, _op = ZOO["lock_evicted_segment"]
+    store = tmp_path / "run.db"
+    r = execute(spec(settings, store), inject="lock_evicted_segment")
+    assert r.error is not None
+    twice = tmp_path / "twice.db"
+    shutil.copy(store, twice)
+    with sqlite3.connect(twice) as con:  # the same report recorded a second time
+        con.execute("INSERT INTO violations (ts_ns, seq, kind, message, details) SELECT ts_ns, "
+                    "seq, kind, message, details FROM violations ORDER BY id DESC LIMIT 1")
+    con.close()
+    for path, repeats in ((store, 0), (twice, 1)):
+        with load(path) as rec:
+            lines = failure_summary(rec).splitlines()
+        assert f"RULE: {rule}" in lines
+        assert sum(line.startswith("VIOLATION at seq ") for line in lines) == repeats, lines

@@ -168,16 +168,13 @@ def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) ->
     d = FIXTURES / scenario
     frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
     expected = json.loads((d / "expected.json").read_text())
-    port, rep_port = free_port(), free_port()
+    port = free_port()
     ctx = zmq.Context()
-    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
-    for sock in (pub, router):
-        sock.setsockopt(zmq.LINGER, 0)
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
-    router.bind(f"tcp://127.0.0.1:{rep_port}")  # the engine's replay socket, as SGLang has
-    stop = threading.Event()
-    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
-    server.start()
+    replay = _ReplayServer(ctx, frames)  # the engine's replay socket, as SGLang has
+    rep_port = replay.port
     store = tmp_path / "sglang.db"
     proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "watch",
                              f"tcp://127.0.0.1:{port}", "--replay", f"tcp://127.0.0.1:{rep_port}",
@@ -212,10 +209,8 @@ def test_recorded_sglang_streams_through_radixscope_watch(tmp_path, scenario) ->
     finally:
         if proc.poll() is None:
             proc.kill()
-        stop.set()
-        server.join(timeout=5)
+        replay.close()
         pub.close()
-        router.close()
         ctx.term()
     assert proc.returncode == 0, err
     with telemetry.open_store(store) as r:
@@ -243,13 +238,8 @@ def test_doctor_on_a_watch_store_stopped_by_sigint(tmp_path, capsys) -> None:
     frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
     expected = json.loads((d / "expected.json").read_text())
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    rep_port = free_port()
-    router.bind(f"tcp://127.0.0.1:{rep_port}")  # the stream is already sent: replay only
-    stop = threading.Event()
-    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
-    server.start()
+    replay = _ReplayServer(ctx, frames)  # the stream is already sent: replay only
+    rep_port = replay.port
     store = tmp_path / "watched.db"
     proc = subprocess.Popen([sys.executable, "-m", "radixscope.engine.cli", "watch",
                              f"tcp://127.0.0.1:{free_port()}", "--replay",
@@ -274,9 +264,7 @@ def test_doctor_on_a_watch_store_stopped_by_sigint(tmp_path, capsys) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        stop.set()
-        server.join(timeout=5)
-        router.close()
+        replay.close()
         ctx.term()
     assert proc.returncode == 0, err
     with telemetry.open_store(store) as r:
@@ -489,6 +477,26 @@ def test_array_events_unknown_types_and_block_size_change() -> None:
     assert {k: sorted(v) for k, v in t.resident.items()} == {("CPU_PINNED", 0): [6]}
 
 
+class _ReplayServer:
+    """An engine's replay ROUTER socket on 127.0.0.1 (a free port: ``port``) serving ``frames``
+    from a thread (``_serve_replay_only``) until ``close``."""
+
+    def __init__(self, ctx: zmq.Context, frames: list[dict]) -> None:
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.port = free_port()
+        self.router.bind(f"tcp://127.0.0.1:{self.port}")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=_serve_replay_only,
+                                        args=(self.router, frames, self._stop), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.router.close()
+
+
 def _serve_replay_only(router: zmq.Socket, frames: list[dict], stop: threading.Event) -> None:
     """An engine whose PUB socket sent everything before the watcher joined: only its replay
     ROUTER socket still has the stream (SGLang's reply shape, topic frame included)."""
@@ -511,25 +519,19 @@ def test_a_watcher_joining_after_the_stream_catches_up_from_replay(tmp_path) -> 
     d = FIXTURES / "sglang-full-p1"
     frames = [json.loads(line) for line in (d / "frames.jsonl").read_text().splitlines()]
     expected = json.loads((d / "expected.json").read_text())
-    pub_port, rep_port = free_port(), free_port()
+    pub_port = free_port()
     ctx = zmq.Context()
-    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
-    for s in (pub, router):
-        s.setsockopt(zmq.LINGER, 0)
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{pub_port}")
-    router.bind(f"tcp://127.0.0.1:{rep_port}")
-    stop = threading.Event()
-    server = threading.Thread(target=_serve_replay_only, args=(router, frames, stop), daemon=True)
-    server.start()
+    replay = _ReplayServer(ctx, frames)
     try:
         watcher = WatchThread(f"tcp://127.0.0.1:{pub_port}", tmp_path / "late.db",
-                              f"tcp://127.0.0.1:{rep_port}")
+                              f"tcp://127.0.0.1:{replay.port}")
         watcher.stop_after(len(frames), timeout_s=30)
     finally:
-        stop.set()
-        server.join(timeout=5)
+        replay.close()
         pub.close()
-        router.close()
         ctx.term()
     counts = watcher.w.tree.counts
     assert watcher.w.messages == len(frames) == counts["replayed"]

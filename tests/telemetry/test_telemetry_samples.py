@@ -136,6 +136,37 @@ def test_every_sink_gets_the_cut_batch_with_the_replica_at_each_sub_batchs_last_
     assert {ranges[-1][1] for ranges, _, _ in calls} <= sampled
 
 
+class BadCutter(Probe):
+    """A registered sink whose ``cuts`` returns what no sink should: a float, negatives,
+    indices past the batch, a string, duplicates."""
+
+    def cuts(self, ops) -> list:
+        return [1.0, -1, 10**9, "3", 0, 0]
+
+
+def test_a_sinks_bad_cuts_are_ignored_and_the_batch_still_reaches_every_sink_once(
+        tmp_path, monkeypatch):
+    """Whatever a sink's ``cuts`` returns, the fan-out keeps in-range int indices, once each:
+    every op reaches every sink exactly once, in no empty sub-batch, and nothing fails."""
+    monkeypatch.setitem(base.REGISTRY, "cutter", f"{__name__}:BadCutter")
+    path = str(tmp_path / "cut.db")
+    tel = telemetry.setup(store=path, mode="inline", capture_host_spans=False, metrics=False,
+                          drain_interval_s=600.0, sinks={"cutter": {}})
+    c = HiRadixCache(make_config(("full",), device_tokens=24, host_tokens=48),
+                     recorder=tel.recorder)
+    d = Driver(c)
+    for i in range(6):
+        d.insert([1, 2, 100 + i, 7])
+    stats = tel.close()
+    assert stats["failures"] == {}
+    calls = Probe.calls
+    assert calls and all(ranges for ranges, _, _ in calls)
+    with telemetry.open_store(path) as r:
+        assert sum(len(ranges) for ranges, _, _ in calls) == len(r.ops())
+        assert [s for _, seqs, _ in calls for s in seqs] == list(range(1, r.last_seq() + 1))
+    assert [len(ranges) for ranges, _, _ in calls][0] == 1  # the cut after op 0 was kept
+
+
 def test_the_attach_sample_waits_for_an_op_and_without_one_is_written_at_flush(tmp_path):
     path = str(tmp_path / "idle.db")
     tel = telemetry.setup(store=path, mode="inline", capture_host_spans=False, metrics=False,
