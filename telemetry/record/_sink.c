@@ -5,8 +5,9 @@ caller context to its parent span's ids (remembering the last context, as ``comp
 does), and appends the compact record ``(op_id, op, start_ns, end_ns, req_id, parent, seq_first,
 seq_last, attrs, error, mutations)`` to one growing buffer, encoded exactly as
 ``marshal.dumps(record, 2)`` encodes it, so the sinks' decoding (``marshal.loads``) is unchanged.
-None, bools, exact ints, strs, tuples, lists and buffers (a created node's tokens) are written
-here; any other value (a dict, a float) is handed to marshal's own writer and spliced in
+None, bools, exact ints, strs, tuples, lists, dicts of those plain values (an eviction's freed
+slots) and buffers (a created node's tokens) are written here; any other value (a float, a dict
+holding anything else) is handed to marshal's own writer and spliced in
 (version 2 has no back-references, so encodings concatenate). No Python object is made per
 record.
 
@@ -86,6 +87,15 @@ put(Sink *s, const void *data, Py_ssize_t size)
 }
 
 static inline int
+put1(Sink *s, char c)
+{
+    if (s->len >= s->cap && reserve(s, 1) < 0)
+        return -1;
+    s->buf[s->len++] = c;
+    return 0;
+}
+
+static inline int
 put_type_int32(Sink *s, char type, int32_t v)
 {
     if (reserve(s, 5) < 0)
@@ -137,9 +147,32 @@ encode_long64(Sink *s, long long x)
     return 0;
 }
 
+/* An int of at most one digit (most ids, counts and lengths): its value read straight from the
+   object, without PyLong_AsLongLongAndOverflow's general path. 1 when it was one. */
+static inline int
+compact_int(PyObject *v, long long *out)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)v))
+        return 0;
+    *out = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(v);
+    if (size < -1 || size > 1)
+        return 0;
+    long long d = size ? (long long)((PyLongObject *)v)->ob_digit[0] : 0;
+    *out = size < 0 ? -d : d;
+    return 1;
+#endif
+}
+
 static int
 encode_int(Sink *s, PyObject *v)
 {
+    long long small;
+    if (compact_int(v, &small) && small >= INT32_MIN && small <= INT32_MAX)
+        return put_type_int32(s, 'i', (int32_t)small);
     int overflow;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow)
@@ -190,18 +223,69 @@ encode_buffer(Sink *s, PyObject *v)
     return r;
 }
 
-/* A tuple ('(') or a list ('['). marshal's writer (a set's sort) can run a collection, and so
-   finalizers, which may change a list: each item is held while it is written, and a list whose
-   size changed fails the record (the Python path takes it). */
+/* A list ('['). marshal's writer (a set's sort) can run a collection, and so finalizers, which
+   may change a list: each item is held while it is written, and a list whose size changed fails
+   the record (the Python path takes it). */
+/* A tuple: its items cannot change while it is written (we hold it), so none is held apart. */
 static int
-encode_seq(Sink *s, char type, PyObject *v, int depth)
+encode_tuple(Sink *s, PyObject *v, int depth)
+{
+    Py_ssize_t size = PyTuple_GET_SIZE(v);
+    if (size > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
+        return -1;
+    }
+    if (put_type_int32(s, '(', (int32_t)size) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int r = encode(s, PyTuple_GET_ITEM(v, i), depth + 1);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* A value no Python code runs to write: None, a bool, an exact int or str. */
+static inline int
+plain(PyObject *v)
+{
+    return v == Py_None || v == Py_True || v == Py_False || PyLong_CheckExact(v)
+           || PyUnicode_CheckExact(v);
+}
+
+/* A dict (an eviction's freed slots per component), as marshal writes it: '{', each key and
+   value in the dict's order, '0'. Only when every key and value is plain, so that no Python code
+   runs while it is iterated; any other dict goes to marshal's writer whole. */
+static int
+encode_dict(Sink *s, PyObject *v, int depth)
+{
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    while (PyDict_Next(v, &pos, &k, &x))
+        if (!plain(k) || !plain(x))
+            return encode_by_marshal(s, v);
+    if (put1(s, '{') < 0)
+        return -1;
+    pos = 0;
+    while (PyDict_Next(v, &pos, &k, &x)) {
+        int r = encode(s, k, depth + 1);
+        if (r == 0)
+            r = encode(s, x, depth + 1);
+        if (r < 0)
+            return r;
+    }
+    return put1(s, '0');
+}
+
+static int
+encode_list(Sink *s, PyObject *v, int depth)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(v);
     if (size > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "sequence too long to encode");
         return -1;
     }
-    if (put_type_int32(s, type, (int32_t)size) < 0)
+    if (put_type_int32(s, '[', (int32_t)size) < 0)
         return -1;
     for (Py_ssize_t i = 0; i < size; i++) {
         if (PySequence_Fast_GET_SIZE(v) != size) {
@@ -221,11 +305,11 @@ static int
 encode(Sink *s, PyObject *v, int depth)
 {
     if (v == Py_None)
-        return put(s, "N", 1);
+        return put1(s, 'N');
     if (v == Py_True)
-        return put(s, "T", 1);
+        return put1(s, 'T');
     if (v == Py_False)
-        return put(s, "F", 1);
+        return put1(s, 'F');
     if (depth > MAX_DEPTH)
         return -2; /* append hands the whole record to marshal: its depth limit is per dump */
     if (PyLong_CheckExact(v))
@@ -233,9 +317,11 @@ encode(Sink *s, PyObject *v, int depth)
     if (PyUnicode_CheckExact(v))
         return encode_str(s, v);
     if (PyTuple_CheckExact(v))
-        return encode_seq(s, '(', v, depth);
+        return encode_tuple(s, v, depth);
     if (PyList_CheckExact(v))
-        return encode_seq(s, '[', v, depth);
+        return encode_list(s, v, depth);
+    if (PyDict_CheckExact(v))
+        return encode_dict(s, v, depth);
     if (PyObject_CheckBuffer(v)) /* no type marshal checks before its buffer case has one */
         return encode_buffer(s, v);
     return encode_by_marshal(s, v);

@@ -102,6 +102,22 @@ class IntLike(int):
     pass
 
 
+@pytest.mark.parametrize("value", [
+    {"full": 120, "swa": 0},  # an eviction's freed slots: written here, not by marshal
+    {}, {"a": None, "b": True, "c": -2**40, "d": 2**70, "e": "lone \ud800"},
+    {"full": 1.5}, {"full": {1, 2}}, {("a", 1): 2}, {"full": [1, 2]},  # marshal's writer, whole
+    {**dict.fromkeys(range(3)), "x": 1}, {True: 0, 1.0: 2},
+])
+def test_a_dict_is_written_as_marshal_writes_it_in_the_dicts_order(value) -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    op = op_tuple(1, attrs=("full", 120, value))
+    muts = [(1, 1, "comp.state", 3, "full", None, value)]
+    s(op, muts)
+    assert calls.fallback == [] and s.take()[1] == marshal.dumps(compact(op, muts), 2)
+
+
 @pytest.mark.parametrize("odd", [IntLike(3), datetime.date(2026, 1, 1), object(), {1, 2},
                                  "lone \ud800 surrogate", memoryview(b"abcd")[::2]])
 def test_what_marshal_cannot_take_goes_back_and_leaves_the_buffer_as_it_was(odd) -> None:

@@ -1,0 +1,496 @@
+"""The hot path at scale (issue 17): long multi-turn chat over shared system prompts.
+
+Requests of ~1-3 k tokens (a ~1 k-token system prompt shared by many conversations, then
+turns of 96-320 tokens; a conversation restarts past 3 k tokens), page size 1, FULL only
+(``--components`` for the others), the device pool sized for ~1 k or ~100 k resident nodes
+(``--scale``). Every request is driven as SGLang's scheduler drives its cache:
+match -> lock -> evict when short -> alloc -> insert -> unlock.
+
+Each scale runs two caches in one process, interleaved batch by batch: the baseline (no
+recorder) and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per
+op (each cache call timed on its own; an auxiliary component's evict / alloc as
+``evict.<comp>`` / ``alloc.<comp>``): median and p99 of the calling thread's CPU time; per
+request (match + insert + lock + unlock) median and p99; req/s; ops/s (match + insert + evict
+calls per second of their own time, as issue 17's table); process memory per resident token
+beyond the KV buffers (RSS delta of building and filling the baseline cache, minus the KV
+buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
+``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict
+calls by the tokens they were asked for and the nodes they removed (tombstone ancestors among
+them), and the cost per node removed; match calls by the depth of the device path they walked
+(a line through each depth's median, and the worst p99/median within one depth: the tail that
+is not the workload's spread of path lengths); the garbage collector: the objects it tracks per
+node (added by building and filling each cache), its collections during the batches (how many,
+the longest, their time per request: the process's, both caches' objects scanned by each) and a
+full collection's time with every cache resident; last, issue 17's targets that one run can
+judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
+``--kernels`` also times every call of the native kernels the pools make (``check_split``,
+``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own figures then carry
+the timer's cost too): per call median / p99 and per request, the C part of a request in
+place, where its bitmaps may be cold.
+
+    python bench/bench_scale.py --scale 1k
+    python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
+    python bench/bench_scale.py --scale 1k --no-telemetry --kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from radixscope.cache import CacheConfig, HiRadixCache, TokenKey, native  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_stats import NOT_OPS, OPS, by_depth, ops_in, print_targets  # noqa: E402
+
+SCALES = {"1k": 1_000, "100k": 100_000}
+SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
+TOKENS_PER_NODE = 216  # resident tokens per node on this workload (measured)
+DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buffer
+# requests fill in the branching points their match reports (``MatchResult.branch_len``), as
+# SGLang's scheduler does: with SWA / MAMBA a conversation then reuses a shared system prompt
+BRANCHING = True
+CLOCK = time.thread_time_ns
+
+
+class Chat:
+    """Active conversations over a few shared system prompts; each request is one of them
+    extended by a turn. Conversations are kept as ``array('i')`` (the workload's own memory
+    stays small and countable)."""
+
+    def __init__(self, active: int, seed: int = 0, prompts: int = 8) -> None:
+        self.rng = random.Random(seed)
+        self.prompts = [array("i", [self.rng.randrange(1, 32000) for _ in range(SYS_LEN)])
+                        for _ in range(prompts)]
+        self.convs = [array("i", self.rng.choice(self.prompts)) for _ in range(active)]
+
+    def next(self) -> TokenKey:
+        r = self.rng
+        i = r.randrange(len(self.convs))
+        conv = self.convs[i]
+        if len(conv) > CONV_MAX:
+            conv = self.convs[i] = array("i", r.choice(self.prompts))
+        conv.extend(array("i", [r.randrange(1, 32000)
+                                for _ in range(r.randrange(TURN_MIN, TURN_MAX + 1))]))
+        return TokenKey(conv)
+
+    def nbytes(self) -> int:
+        return sum(c.buffer_info()[1] * c.itemsize for c in self.convs + self.prompts)
+
+
+def make_cache(nodes: int, components: tuple[str, ...], recorder) -> HiRadixCache:
+    tokens = nodes * TOKENS_PER_NODE
+    kw = dict(page_size=1, device_tokens=tokens, host_tokens=0, components=components,
+              layers=1, heads=1, head_dim=1, dtype=torch.float16, device="cpu")
+    if "swa" in components:
+        kw.update(sliding_window=256, swa_device_tokens=tokens, swa_host_tokens=0, swa_layers=1)
+    if "mamba" in components:
+        kw.update(mamba_slots=nodes + 256, mamba_host_slots=0, mamba_state_shape=(1,))
+    return HiRadixCache(CacheConfig(**kw), recorder=recorder)
+
+
+def kv_bytes(c: HiRadixCache) -> int:
+    return sum(p.buf.numel() * p.buf.element_size() for p in c.device_pools + c.host_pools)
+
+
+def one_request(c: HiRadixCache, key: TokenKey, t: dict | None, rid: str) -> int:
+    """One scheduled request; returns the cache calls it made. Each cache call is timed on its
+    own (``evict`` / ``alloc`` per component: ``evict.swa``, ``alloc.mamba``...), the
+    request's own tensor plumbing (the SWA index row) outside every timing."""
+    clock = CLOCK
+    comps = c.ci
+    t0 = clock()
+    m = c.match_prefix(key, req_id=rid)
+    t1 = clock()
+    r = c.lock(m.last_device_node, owner=rid)
+    t2 = clock()
+    n = len(key) - m.device_prefix_len
+    calls = 5  # match, lock, alloc, insert, unlock; + every evict and auxiliary alloc
+    timed = [] if t is not None else None
+    short = n - c.available()
+    if short > 0:
+        e0 = clock()
+        out = c.evict(short)
+        e1 = clock()
+        calls += 1
+        if timed is not None:
+            timed.append(("evict", e1 - e0))
+            popped = set(out.evicted_nodes)
+            t["victims"].append(len(popped | set(out.deleted)))
+            t["asked"].append(short)
+            t["ancestors"].append(len(set(out.deleted) - popped))  # the tombstone cascade's
+    aux = []
+    if "swa" in comps:
+        aux.append(("swa", n))
+        if n - c.available("swa") > 0:
+            _timed_evict(c, n - c.available("swa"), "swa", timed)
+            calls += 1
+    branch = m.branch_len if BRANCHING else 0
+    if "mamba" in comps:
+        states = 2 if branch else 1  # the state at the key's end, and at the branching point
+        aux.append(("mamba", states))
+        if c.available("mamba") < states:
+            _timed_evict(c, states - c.available("mamba"), "mamba", timed)
+            calls += 1
+    a0 = clock()
+    idx = c.alloc(n)
+    a1 = clock()
+    kw = {}
+    for comp, k in aux:
+        b0 = clock()
+        slots = c.alloc(k, component=comp)
+        b1 = clock()
+        if timed is not None:
+            timed.append((f"alloc.{comp}", b1 - b0))
+        if comp == "swa":
+            kw["swa_indices"] = torch.cat([torch.full((m.device_prefix_len,), -1,
+                                                      dtype=torch.int64), slots])
+        else:
+            kw["mamba_slot"] = slots[:1]
+            if branch:
+                kw["mamba_branch_slot"] = slots[1:]
+    calls += len(aux)
+    full = torch.cat([m.device_indices, idx])
+    t4 = clock()
+    c.insert(key, full, prev_prefix_len=m.device_prefix_len, branch_len=branch, req_id=rid, **kw)
+    t5 = clock()
+    c.unlock(r)
+    t6 = clock()
+    if t is not None:
+        t["match"].append(t1 - t0)
+        t["lock"].append(t2 - t1)
+        t["alloc"].append(a1 - a0)
+        for op, ns in timed:
+            t.setdefault(op, []).append(ns)
+        t["insert"].append(t5 - t4)
+        t["unlock"].append(t6 - t5)
+        t["request"].append(t6 - t5 + t5 - t4 + t2 - t0)
+        t["hit"].append(m.device_prefix_len / max(1, len(key)))
+        t7 = clock()  # the match's device path depth: left out of the batch's CPU time too
+        t["depth"].append(len(c.tree.path_to_root(c.node(m.last_device_node))))
+        t["aside"].append(clock() - t7)
+    return calls
+
+
+def _timed_evict(c: HiRadixCache, k: int, comp: str, timed: list | None) -> None:
+    e0 = CLOCK()
+    c.evict(k, component=comp)
+    if timed is not None:
+        timed.append((f"evict.{comp}", CLOCK() - e0))
+
+
+KERNELS = ("check_split", "alloc_pages", "free_pages")
+CURRENT = [""]  # the label of the run whose batch is running (``--kernels``)
+
+
+def time_kernels() -> dict[tuple[str, str], list[int]]:
+    """Wrap the native kernels the pools call (``native.<name>``, looked up at each call) with
+    a timer; returns ``(run label, kernel) -> [ns per call]``, filled during batches only."""
+    calls: dict[tuple[str, str], list[int]] = {}
+    clock = time.perf_counter_ns
+
+    def timer(name: str, fn):
+        def timed(*args):
+            t0 = clock()
+            out = fn(*args)
+            if CURRENT[0]:
+                calls.setdefault((CURRENT[0], name), []).append(clock() - t0)
+            return out
+        return timed
+
+    for name in KERNELS:
+        setattr(native, name, timer(name, getattr(native, name)))
+    return calls
+
+
+class GcPauses:
+    """The garbage collector's pauses inside the batches (``on`` while one runs): each
+    collection's generation and wall time. Collections are the process's, not one cache's:
+    both caches' objects are scanned by every one."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.pauses: list[tuple[int, int]] = []  # (generation, ns)
+        self._t0 = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter_ns() - self._t0))
+
+    def line(self, requests: int) -> str:
+        p = self.pauses
+        if not p:
+            return "no collection ran during the batches"
+        gens = "/".join(str(sum(1 for g, _ in p if g == i)) for i in range(3))
+        return (f"{len(p)} collections during the batches (gen 0/1/2: {gens}), longest "
+                f"{max(ns for _, ns in p) / 1e6:.2f} ms, {sum(ns for _, ns in p) / requests / 1e3:.2f}"
+                f" us a request")
+
+
+GC_PAUSES = GcPauses()
+
+
+def full_collection_ms() -> float:
+    """One full collection's wall time, every run's cache resident (the best of three)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gc.collect()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Run:
+    """One cache (baseline or full telemetry), filled to its resident size."""
+
+    def __init__(self, label: str, nodes: int, comps: tuple[str, ...], telemetry_on: bool,
+                 store_dir: str, freeze: bool, recorder=None) -> None:
+        """``recorder`` (with ``telemetry_on`` False): a recorder of the caller's with no
+        pipeline behind it (``bench_record_cost.py``); what it buffers is discarded between
+        batches and every ``DISCARD_EVERY`` fill requests, outside every timing."""
+        self.label = label
+        self.tel = None
+        self.store = None
+        self.detached = recorder
+        gc.collect()
+        rss0 = rss()
+        tracked0 = len(gc.get_objects())
+        if telemetry_on:
+            from radixscope import telemetry
+            self.store = os.path.join(store_dir, f"{label}.db")
+            self.tel = telemetry.setup(store=self.store, overwrite=True)
+            recorder = self.tel.recorder
+        self.c = make_cache(nodes, comps, recorder)
+        self.chat = Chat(active=max(16, nodes // 12))
+        t0 = time.perf_counter()
+        i = 0
+        c = self.c
+        self.ops = 0
+        while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
+            i += 1
+            if i % DISCARD_EVERY == 0:
+                self.discard()
+        for _ in range(max(200, nodes // 20)):  # settle into steady-state eviction
+            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
+            i += 1
+        self.discard()
+        self.fill_s = time.perf_counter() - t0
+        self.fill_requests = i
+        gc.collect()
+        resident = c.config.device_tokens - c.available()
+        self.mem_per_token = (rss() - rss0 - kv_bytes(c) - self.chat.nbytes()) / resident
+        # objects the collector tracks, added by this cache (the workload's arrays left out)
+        tracked = len(gc.get_objects()) - tracked0 - len(self.chat.convs) - len(self.chat.prompts)
+        self.tracked_per_node = tracked / (len(c.tree.nodes) - 1)
+        self.resident = resident
+        if freeze:
+            gc.freeze()
+        self.batches: list[dict] = []
+        self.store_bytes = 0
+
+    def discard(self) -> None:
+        """Drop what a detached ``TelemetryRecorder`` buffered (its drain thread's part, without
+        shipping it anywhere)."""
+        rec = self.detached
+        if hasattr(rec, "take"):
+            rec.seal()
+            rec.take(1 << 62)
+
+    def store_size(self) -> int:
+        if self.tel is None:
+            return 0
+        con = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True)
+        try:
+            return int(con.execute("PRAGMA page_count").fetchone()[0]) * \
+                int(con.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            con.close()
+
+    def batch(self, requests: int) -> None:
+        c = self.c
+        keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
+        t = {k: [] for k in (*OPS, *NOT_OPS)}
+        ops = 0
+        CURRENT[0] = self.label
+        GC_PAUSES.on = True
+        cpu0 = CLOCK()
+        for k, key in enumerate(keys):
+            ops += one_request(c, key, t, f"r{k}")
+        cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
+        GC_PAUSES.on = False
+        CURRENT[0] = ""
+        self.discard()
+        self.ops += ops
+        t["cpu"] = cpu
+        t["n"] = requests
+        self.batches.append(t)
+
+    def close(self) -> float:
+        if self.tel is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.tel.close()
+        took = time.perf_counter() - t0
+        self.store_bytes = self.store_size()
+        return took
+
+    def summary(self, batches: list[dict] | None = None) -> dict:
+        """Pooled over ``batches`` (default: all of this run's): medians / p99 per op; req/s
+        from the best batch (least noise)."""
+        batches = self.batches if batches is None else batches
+        out: dict = {}
+        for op in (*ops_in(batches), "request"):
+            v = sorted(x for b in batches for x in b.get(op, ()))
+            if v:
+                out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
+        best = min(batches, key=lambda b: b["cpu"] / b["n"])
+        out["req_s"] = best["n"] / best["cpu"]
+        evicts = [op for op in best if op.startswith("evict")]
+        timed = sum(sum(best[op]) for op in ("match", "insert", *evicts)) / 1e9
+        out["ops_s"] = (2 * best["n"] + sum(len(best[op]) for op in evicts)) / timed
+        out["hit"] = statistics.mean(x for b in batches for x in b["hit"])
+        # FULL evict calls by the nodes they removed (evicted + tombstone ancestors deleted):
+        # the call's cost follows them, so its tail is the workload's spread of victims
+        calls = [(v, ns) for b in batches
+                 for v, ns in zip(b.get("victims", ()), b.get("evict", ()), strict=True)]
+        if calls:
+            vs = sorted(v for v, _ in calls)
+            per = sorted(ns / v for v, ns in calls if v)  # (a call that removed none: skipped)
+            out["victims"] = (statistics.median(vs), vs[int(len(vs) * 0.99)])
+            for key in ("asked", "ancestors"):  # tokens asked for; tombstone ancestors deleted
+                v = sorted(x for b in batches for x in b[key])
+                out[key] = (statistics.median(v), v[int(len(v) * 0.99)])
+            out["per_victim"] = ((statistics.median(per) / 1e3, per[int(len(per) * 0.99)] / 1e3)
+                                 if per else (0.0, 0.0))
+        out["by_depth"] = by_depth([(d, ns) for b in batches
+                                     for d, ns in zip(b["depth"], b["match"], strict=True)])
+        out["nodes"] = len(self.c.tree.nodes) - 1
+        return out
+
+
+def workload_args(ap: argparse.ArgumentParser, requests: int) -> None:
+    """The options of the workload and its batches (this bench's and ``bench_record_cost``'s)."""
+    ap.add_argument("--scale", default="1k", choices=sorted(SCALES))
+    ap.add_argument("--requests", type=int, default=requests, help="requests per batch")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved batches per cache")
+    ap.add_argument("--components", default="full", help="e.g. full,swa or full,swa,mamba")
+    ap.add_argument("--no-branching", action="store_true",
+                    help="requests ignore MatchResult.branch_len (no branching points)")
+
+
+def parse_workload(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line; ``--no-branching`` applies to every request made after."""
+    global BRANCHING
+    args = ap.parse_args()
+    BRANCHING = not args.no_branching
+    return args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_args(ap, requests=2000)
+    ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
+    ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time the native kernels' calls inside the ops")
+    args = parse_workload(ap)
+    kernel_calls = time_kernels() if args.kernels else None
+    nodes = SCALES[args.scale]
+    comps = tuple(args.components.split(","))
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as d:
+        runs = [Run("baseline", nodes, comps, False, d, args.freeze)]
+        if not args.no_telemetry:
+            from radixscope.telemetry.record.drops import Health
+            from radixscope.telemetry.record.recorder import TelemetryRecorder
+            rec = TelemetryRecorder(Health(), queue_capacity=1 << 62, encode_batch=1 << 62)
+            runs.append(Run("telemetry", nodes, comps, False, d, args.freeze, rec))
+        for _ in range(args.reps):
+            for r in runs:
+                r.batch(args.requests)
+        for r in runs:
+            r.c.check()
+        full_gc_ms = full_collection_ms()
+        closes = [r.close() for r in runs]
+        sums = [r.summary() for r in runs]
+    print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
+          f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
+          f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}; kernels {native.KERNELS}; "
+          f"branching points {'on' if BRANCHING else 'off'}")
+    for r, s, cl in zip(runs, sums, closes, strict=True):
+        ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
+                       for op in (*ops_in(r.batches), "request"))
+        print(f"  {r.label:>9}: nodes {s['nodes']}, resident tokens {r.resident}, hit "
+              f"{s['hit']:.3f}, fill {r.fill_requests} req in {r.fill_s:.1f} s")
+        print(f"             {ops}")
+        tail = max(s[op][1] / s[op][0] for op in (*ops_in(r.batches), "request"))
+        print(f"             req/s {s['req_s']:.0f}, ops/s {s['ops_s']:.0f}, worst p99/median "
+              f"{tail:.2f}, memory {r.mem_per_token:.1f} B/resident token beyond KV, "
+              f"{r.tracked_per_node:.2f} objects the collector tracks per node")
+        if r.tel is not None:
+            print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
+                  f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")
+    if len(sums) == 2:
+        b, t = sums
+        print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "
+              f"{t['ops_s'] / b['ops_s']:.3f}, request median "
+              f"{t['request'][0] / b['request'][0]:.3f}")
+    for r, s in zip(runs, sums, strict=True):
+        if "victims" in s:
+            print(f"  {r.label} FULL evict: tokens asked per call median {s['asked'][0]:.0f} / "
+                  f"p99 {s['asked'][1]:.0f}; nodes removed per call median "
+                  f"{s['victims'][0]:.0f} / p99 {s['victims'][1]:.0f} (tombstone ancestors "
+                  f"{s['ancestors'][0]:.0f} / {s['ancestors'][1]:.0f}); us per node removed "
+                  f"{s['per_victim'][0]:.1f} / {s['per_victim'][1]:.1f} (p99/median "
+                  f"{s['per_victim'][1] / max(1e-9, s['per_victim'][0]):.2f})")
+    for r, s in zip(runs, sums, strict=True):
+        bd = s["by_depth"]
+        if bd:
+            print(f"  {r.label} match by device path depth {bd['depths'][0]}-{bd['depths'][1]}: "
+                  f"{bd['base']:.1f} us + {bd['per_node']:.2f} us a node (medians); worst "
+                  f"p99/median within one depth {bd['worst'][1]:.2f} (depth {bd['worst'][0]})")
+    if kernel_calls is not None:
+        for r in runs:
+            n = sum(b["n"] for b in r.batches)
+            parts = []
+            for name in KERNELS:
+                v = sorted(kernel_calls.get((r.label, name), ()))
+                if v:
+                    parts.append(f"{name} {statistics.median(v) / 1e3:.2f}/"
+                                 f"{v[int(len(v) * 0.99)] / 1e3:.2f} ({len(v) / n:.2f} calls, "
+                                 f"{sum(v) / n / 1e3:.2f} us a request)")
+            print(f"  {r.label} kernels, us a call (median / p99): {'; '.join(parts)}")
+    if "evict" in sums[0]:
+        print(f"  per-evict median (baseline): {sums[0]['evict'][0]:.1f} us")
+    requests = sum(b["n"] for r in runs for b in r.batches)
+    print(f"  garbage collector: {GC_PAUSES.line(requests)}; a full collection "
+          f"{full_gc_ms:.1f} ms with every cache resident")
+    print_targets(args.scale, runs, sums, closes)
+
+
+if __name__ == "__main__":
+    main()
