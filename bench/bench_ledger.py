@@ -71,7 +71,7 @@ def main() -> None:
 
     def use(led, on: bool) -> None:
         led.seq, led.op_id, led.cur_op = c.seq, c._ledger.op_id, c._ledger.cur_op
-        c._ledger, c._run, c._m = led, led.run, led.m
+        c.use_ledger(led)
         c._on = led.on = on
 
     runs = [("off", native, False), ("on", native, True), ("on, py ledger", python, True)]

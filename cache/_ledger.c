@@ -20,7 +20,7 @@ build whose number is not its own. */
 #include <structmember.h>
 #include <time.h>
 
-#define LEDGER_ABI 1
+#define LEDGER_ABI 2
 
 typedef struct {
     PyObject_HEAD
@@ -31,6 +31,9 @@ typedef struct {
     PyObject *record;            /* record(op_record, mutations) */
     PyObject *ctx_var, *ctx_fn;  /* the caller's context: a ContextVar, or a callable, or none */
     PyObject *attrs;             /* dict: op -> builder(cache, out, args) */
+    PyObject *state_kind;        /* set_states: the kind of ``state``'s mutations, */
+    PyObject *state_names;       /* each component's name (a tuple), */
+    PyObject *state_sizes;       /* and per component a tuple of per-tier size callables */
     PyObject *weakreflist;
 } Ledger;
 
@@ -318,6 +321,34 @@ ledger_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* Append one mutation (seq, cur_op, kind, node, comp, tier, value); the items are borrowed. */
+static int
+append_mutation(Ledger *L, PyObject *kind, PyObject *node, PyObject *comp, PyObject *tier,
+                PyObject *value)
+{
+    PyObject *t = PyTuple_New(7);
+    if (t == NULL)
+        return -1;
+    PyObject *seq = PyLong_FromLongLong(L->seq + 1), *cur = PyLong_FromLongLong(L->cur_op);
+    if (seq == NULL || cur == NULL) {
+        Py_XDECREF(seq);
+        Py_XDECREF(cur);
+        Py_DECREF(t);
+        return -1;
+    }
+    PyTuple_SET_ITEM(t, 0, seq);
+    PyTuple_SET_ITEM(t, 1, cur);
+    PyObject *items[5] = {kind, node, comp, tier, value};
+    for (int i = 0; i < 5; i++)
+        PyTuple_SET_ITEM(t, 2 + i, Py_NewRef(items[i]));
+    int r = PyList_Append(L->muts, t);
+    Py_DECREF(t);
+    if (r < 0)
+        return -1;
+    L->seq++;
+    return 0;
+}
+
 static PyObject *
 ledger_m(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -328,25 +359,129 @@ ledger_m(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (!L->on)
         Py_RETURN_NONE;
-    PyObject *t = PyTuple_New(7);
-    if (t == NULL)
+    if (append_mutation(L, args[0], args[1], args[2], args[3], args[4]) < 0)
         return NULL;
-    PyObject *seq = PyLong_FromLongLong(L->seq + 1), *cur = PyLong_FromLongLong(L->cur_op);
-    if (seq == NULL || cur == NULL) {
-        Py_XDECREF(seq);
-        Py_XDECREF(cur);
-        Py_DECREF(t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_id, *s_data, *s_values, *s_refs; /* interned attribute names */
+
+/* ``(lens, refs)`` of one component's data: each tier's value measured by that tier's size
+   callable (None stays None), the refs as a tuple; a new reference, or NULL. */
+static PyObject *
+state_value(PyObject *sizes, PyObject *data)
+{
+    PyObject *values = PyObject_GetAttr(data, s_values), *refs = NULL, *fast = NULL;
+    PyObject *lens = NULL, *out = NULL;
+    if (values == NULL || (refs = PyObject_GetAttr(data, s_refs)) == NULL)
+        goto done;
+    /* a list copied first: a size callable may run Python code that changes it */
+    if ((fast = PySequence_Tuple(values)) == NULL)
+        goto done;
+    Py_ssize_t nt = PyTuple_GET_SIZE(sizes);
+    if (PyTuple_GET_SIZE(fast) != nt) {
+        PyErr_Format(PyExc_ValueError, "state: %zd values for %zd tiers", PyTuple_GET_SIZE(fast),
+                     nt);
+        goto done;
+    }
+    if ((lens = PyTuple_New(nt)) == NULL)
+        goto done;
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        PyObject *v = PyTuple_GET_ITEM(fast, t);
+        PyObject *n = v == Py_None ? Py_NewRef(Py_None)
+                                   : PyObject_CallOneArg(PyTuple_GET_ITEM(sizes, t), v);
+        if (n == NULL)
+            goto done;
+        PyTuple_SET_ITEM(lens, t, n);
+    }
+    PyObject *reft = PySequence_Tuple(refs);
+    if (reft != NULL) {
+        out = PyTuple_Pack(2, lens, reft);
+        Py_DECREF(reft);
+    }
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(refs);
+    Py_XDECREF(fast);
+    Py_XDECREF(lens);
+    return out;
+}
+
+static PyObject *
+ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "state takes (node, ci)");
         return NULL;
     }
-    PyTuple_SET_ITEM(t, 0, seq);
-    PyTuple_SET_ITEM(t, 1, cur);
-    for (int i = 0; i < 5; i++)
-        PyTuple_SET_ITEM(t, 2 + i, Py_NewRef(args[i]));
-    int r = PyList_Append(L->muts, t);
-    Py_DECREF(t);
-    if (r < 0)
+    if (!L->on)
+        Py_RETURN_NONE;
+    if (L->state_names == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "state: set_states(kind, names, sizes) was not called");
         return NULL;
-    L->seq++;
+    }
+    Py_ssize_t ci = PyLong_AsSsize_t(args[1]);
+    if (ci == -1 && PyErr_Occurred())
+        return NULL;
+    if (ci < 0 || ci >= PyTuple_GET_SIZE(L->state_names)) {
+        PyErr_Format(PyExc_IndexError, "state: component index %zd out of range", ci);
+        return NULL;
+    }
+    /* held: set_states may run (from Python code a size callable runs) while this one does */
+    PyObject *kind = Py_NewRef(L->state_kind), *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
+    PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(L->state_sizes, ci));
+    PyObject *id = NULL, *all = NULL, *data = NULL, *value = NULL, *r = NULL;
+    if ((id = PyObject_GetAttr(args[0], s_id)) != NULL
+        && (all = PyObject_GetAttr(args[0], s_data)) != NULL
+        && (data = PySequence_GetItem(all, ci)) != NULL
+        && (value = state_value(sizes, data)) != NULL
+        && (!L->on || append_mutation(L, kind, id, name, Py_None, value) == 0))
+        r = Py_NewRef(Py_None); /* (recording turned off by code a size callable ran: as m) */
+    Py_XDECREF(id);
+    Py_XDECREF(all);
+    Py_XDECREF(data);
+    Py_XDECREF(value);
+    Py_DECREF(kind);
+    Py_DECREF(name);
+    Py_DECREF(sizes);
+    return r;
+}
+
+static PyObject *
+ledger_set_states(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_states takes (kind, names, sizes)");
+        return NULL;
+    }
+    PyObject *kind = args[0], *names = args[1], *sizes = args[2];
+    /* the checks of ledger.check_states, before anything is kept */
+    if (!PyUnicode_Check(kind)) {
+        PyErr_Format(PyExc_TypeError, "kind must be a str, got %R", kind);
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(names) || !PyTuple_CheckExact(sizes)
+        || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(sizes)) {
+        PyErr_Format(PyExc_TypeError, "names and sizes must be tuples of one length, got %R and "
+                     "%R", names, sizes);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        PyObject *per_tier = PyTuple_GET_ITEM(sizes, i);
+        int ok = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) && PyTuple_CheckExact(per_tier);
+        for (Py_ssize_t t = 0; ok && t < PyTuple_GET_SIZE(per_tier); t++)
+            ok = PyCallable_Check(PyTuple_GET_ITEM(per_tier, t));
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "component %zd: a str name and a tuple of size "
+                         "callables, got %R and %R", i, PyTuple_GET_ITEM(names, i), per_tier);
+            return NULL;
+        }
+    }
+    Py_XSETREF(L->state_kind, Py_NewRef(kind));
+    Py_XSETREF(L->state_names, Py_NewRef(names));
+    Py_XSETREF(L->state_sizes, Py_NewRef(sizes));
     Py_RETURN_NONE;
 }
 
@@ -367,6 +502,11 @@ static PyMethodDef ledger_methods[] = {
      "run(op, req_id, fn, *args): fn(*args), recorded at the top level when on."},
     {"m", (PyCFunction)(void (*)(void))ledger_m, METH_FASTCALL,
      "m(kind, node, comp, tier, value): number one state change and keep it."},
+    {"state", (PyCFunction)(void (*)(void))ledger_state, METH_FASTCALL,
+     "state(node, ci): one component's state on a node, numbered and kept (see set_states)."},
+    {"set_states", (PyCFunction)(void (*)(void))ledger_set_states, METH_FASTCALL,
+     "set_states(kind, names, sizes): the mutation kind, component names and per-tier size "
+     "callables state() uses."},
     {"take", ledger_take, METH_NOARGS, "take(): the mutations kept so far (a fresh list follows)."},
     {NULL, NULL, 0, NULL},
 };
@@ -467,6 +607,9 @@ ledger_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(L->ctx_var);
     Py_VISIT(L->ctx_fn);
     Py_VISIT(L->attrs);
+    Py_VISIT(L->state_kind);
+    Py_VISIT(L->state_names);
+    Py_VISIT(L->state_sizes);
     return 0;
 }
 
@@ -479,6 +622,9 @@ ledger_clear(PyObject *self)
     Py_CLEAR(L->ctx_var);
     Py_CLEAR(L->ctx_fn);
     Py_CLEAR(L->attrs);
+    Py_CLEAR(L->state_kind);
+    Py_CLEAR(L->state_names);
+    Py_CLEAR(L->state_sizes);
     /* muts stays a list: every method may rely on it */
     return 0;
 }
@@ -521,6 +667,11 @@ PyMODINIT_FUNC
 PyInit__ledger(void)
 {
     if (PyType_Ready(&LedgerType) < 0)
+        return NULL;
+    if ((s_id = PyUnicode_InternFromString("id")) == NULL
+        || (s_data = PyUnicode_InternFromString("data")) == NULL
+        || (s_values = PyUnicode_InternFromString("values")) == NULL
+        || (s_refs = PyUnicode_InternFromString("refs")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&ledger_module);
     if (m == NULL)

@@ -9,6 +9,10 @@ the mutations of the op running now, and runs every public operation:
   hands ``record(op_record, mutations)`` one ``OpRecord``-ordered tuple and the op's mutations.
   Nested calls, and every call with recording off, run plainly.
 - ``m(kind, node, comp, tier, value)`` numbers one state change and keeps it for the op's record.
+- ``state(node, ci)`` records one component's state on a node as ``m`` would: the kind, name
+  and per-tier size callables given by ``set_states(kind, names, sizes)``, the value
+  ``(lens, refs)`` (each tier's value measured, None where there is none; the refs as a tuple).
+  It is the cache's most frequent state change (two a request), so it is one call here.
 - ``take()`` hands over the mutations kept so far (a record made outside ``run``).
 
 What goes wrong is the cache's to report, through three of its methods the ledger calls (it
@@ -36,7 +40,7 @@ from collections.abc import Callable
 
 from radixscope.cache.native import load_built
 
-ABI = 1  # _ledger.c's LEDGER_ABI: a build with another number is stale
+ABI = 2  # _ledger.c's LEDGER_ABI: a build with another number is stale
 _time_ns = time.time_ns
 
 
@@ -44,7 +48,7 @@ class PyLedger:
     """The ledger in Python (the reference ``_ledger.c`` is held to)."""
 
     __slots__ = ("seq", "op_id", "cur_op", "depth", "on", "muts", "_cache", "_record", "_ctx",
-                 "_attrs", "__weakref__")
+                 "_attrs", "_states", "__weakref__")
 
     def __init__(self, cache: object, record: Callable, context: object, attrs: dict,
                  on: bool) -> None:
@@ -56,6 +60,7 @@ class PyLedger:
         self.on = bool(on)
         self.seq = self.op_id = self.cur_op = self.depth = 0
         self.muts: list[tuple] = []
+        self._states: tuple | None = None
 
     def run(self, op: str, req_id, fn, *args):
         if self.depth or not self.on:
@@ -114,6 +119,25 @@ class PyLedger:
             self.seq = seq = self.seq + 1
             self.muts.append((seq, self.cur_op, kind, node, comp, tier, value))
 
+    def set_states(self, kind: str, names: tuple, sizes: tuple) -> None:
+        check_states(kind, names, sizes)
+        self._states = (kind, names, sizes)
+
+    def state(self, node, ci: int) -> None:
+        if not self.on:
+            return
+        if self._states is None:
+            raise RuntimeError("state: set_states(kind, names, sizes) was not called")
+        kind, names, sizes = self._states
+        if not 0 <= ci < len(names):
+            raise IndexError(f"state: component index {ci} out of range")
+        nid, d, size = node.id, node.data[ci], sizes[ci]
+        values = tuple(d.values)
+        if len(values) != len(size):
+            raise ValueError(f"state: {len(values)} values for {len(size)} tiers")
+        lens = tuple([None if v is None else f(v) for v, f in zip(values, size, strict=True)])
+        self.m(kind, nid, names[ci], None, (lens, tuple(d.refs)))
+
     def take(self) -> list[tuple]:
         muts, self.muts = self.muts, []
         return muts
@@ -135,6 +159,20 @@ def check_args(record: object, context: object, attrs: object) -> None:
         raise TypeError(f"context must be a ContextVar, a callable or None, got {context!r}")
     if not isinstance(attrs, dict):
         raise TypeError(f"attrs must be a dict of op -> attribute builder, got {attrs!r}")
+
+
+def check_states(kind: object, names: object, sizes: object) -> None:
+    """``set_states``' arguments, checked before anything is kept (as ``_ledger.c`` does)."""
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, got {kind!r}")
+    if type(names) is not tuple or type(sizes) is not tuple or len(names) != len(sizes):
+        raise TypeError(f"names and sizes must be tuples of one length, got {names!r} and "
+                        f"{sizes!r}")
+    for i, (name, per_tier) in enumerate(zip(names, sizes, strict=True)):
+        if not (isinstance(name, str) and type(per_tier) is tuple
+                and all(callable(f) for f in per_tier)):
+            raise TypeError(f"component {i}: a str name and a tuple of size callables, got "
+                            f"{name!r} and {per_tier!r}")
 
 
 _built = load_built("radixscope.cache._ledger", ABI, "_ledger.c", "the Python ledger")

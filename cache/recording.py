@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import operator
 import time
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ from radixscope.cache import events as ev
 from radixscope.cache.events import NULL_RECORDER, Recorder
 from radixscope.cache.ledger import Ledger
 from radixscope.cache.op_attrs import OP_ATTRS
-from radixscope.cache.tiers import N_TIERS, TIER_LABELS
+from radixscope.cache.tiers import STORAGE, TIER_LABELS, TIERS
 
 if TYPE_CHECKING:
     from radixscope.cache.tree import Node
@@ -26,7 +27,7 @@ log = logging.getLogger("radixscope.cache")
 _time_ns = time.time_ns
 _COMP_STATE = ev.COMP_STATE
 _POOL_AVAILABLE = ev.POOL_AVAILABLE
-assert N_TIERS == 3, "_emit_state unrolls DEVICE, HOST, STORAGE"
+_stored_numel = operator.methodcaller("numel")  # a StoredPages' slots
 
 
 def _context_source():
@@ -44,21 +45,32 @@ class Recording:
     """Mixin of ``CacheCore``: op records, mutations, the error hook.
 
     The hot path is the ledger's (``cache/ledger.py``): ``self._run(op, req_id, fn, *args)``
-    runs every public operation and ``self._m(kind, node, comp, tier, value)`` records every
-    state change, both bound methods of the cache's ``Ledger`` (C where built), which also
-    holds the op and state counters this class reads (``seq``, ``current_op_id``)."""
+    runs every public operation, ``self._m(kind, node, comp, tier, value)`` records every
+    state change and ``self._state(node, ci)`` a component's state on a node (``comp.state``),
+    all bound methods of the cache's ``Ledger`` (C where built), which also holds the op and
+    state counters this class reads (``seq``, ``current_op_id``)."""
 
     def _init_recording(self, recorder: Recorder | None) -> None:
         self.recorder = recorder or NULL_RECORDER
         self._on = bool(self.recorder.enabled)
         capture = bool(getattr(self.recorder, "capture_context", False))
-        self._ledger = ledger = Ledger(self, self.recorder.record, _CONTEXT if capture else None,
-                                       OP_ATTRS, self._on)
-        self._run = ledger.run
-        self._m = ledger.m
+        self.use_ledger(Ledger(self, self.recorder.record, _CONTEXT if capture else None,
+                               OP_ATTRS, self._on))
         self.recorder_errors = 0
         self.error_hook = None  # called with (op, exception) when an operation raises
         self.bundle_writer = None  # set by telemetry.capture.crash.install_crash_bundles
+
+    def use_ledger(self, ledger) -> None:
+        """Record through ``ledger`` from now on (its ``comp.state`` tables set here); benches
+        swap ledgers on one cache with it, carrying the counters over themselves."""
+        # per component, per tier: what measures a value (slot tensors; a StoredPages on STORAGE)
+        sizes = tuple(tuple(_stored_numel if t == STORAGE else size for t in TIERS)
+                      for size in self._sizes)
+        ledger.set_states(_COMP_STATE, tuple(c.name for c in self.comps), sizes)
+        self._ledger = ledger
+        self._run = ledger.run
+        self._m = ledger.m
+        self._state = ledger.state
 
     @property
     def seq(self) -> int:
@@ -159,17 +171,6 @@ class Recording:
         """Mutations made by the op running now and not yet handed to the recorder (a failing
         op's, before its record is written); plain tuples in ``Mutation`` order."""
         return tuple(self._ledger.muts)
-
-    def _emit_state(self, node: Node, ci: int) -> None:
-        if self._on:
-            d = node.data[ci]
-            size = self._sizes[ci]
-            # the three tiers unrolled (DEVICE, HOST: slot tensors; STORAGE: StoredPages, their
-            # own numel): 0.5 us a state instead of 0.65 for a loop
-            dv, hv, sv = d.values
-            self._m(_COMP_STATE, node.id, self.comps[ci].name, None,
-                    ((None if dv is None else size(dv), None if hv is None else size(hv),
-                      None if sv is None else sv.numel()), tuple(d.refs)))
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:
         """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""

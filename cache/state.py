@@ -170,7 +170,7 @@ class CacheCore(Pins, LeafSets, Recording):
         if ci == 0:
             self.refresh_leaf(node)
         if self._on:
-            self._emit_state(node, ci)
+            self._state(node, ci)
 
     def _lru_place(self, node: Node, ci: int) -> None:
         """File the node in the recency list of the fastest tier holding its value (and in no
@@ -220,8 +220,8 @@ class CacheCore(Pins, LeafSets, Recording):
             self._m(ev.NODE_SPLIT, child.id, None, None,
                     (new.id, k, tuple(self.comps[ci].name for ci in ref_cis)))
             for ci in range(len(self.comps)):
-                self._emit_state(new, ci)
-                self._emit_state(child, ci)
+                self._state(new, ci)
+                self._state(child, ci)
         return new
 
     def delete(self, node: Node, defer: dict | None = None, defer_tier: int = DEVICE
@@ -252,7 +252,7 @@ class CacheCore(Pins, LeafSets, Recording):
                 if ci == 0 and tier == DEVICE:
                     node.parent.device_children -= 1
                 if on:
-                    self._emit_state(node, ci)
+                    self._state(node, ci)
                 pool = pools[ci][tier]
                 if pool is None:
                     continue

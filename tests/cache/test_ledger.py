@@ -182,6 +182,80 @@ def test_take_hands_over_the_kept_mutations(impl) -> None:
     assert kept == [(1, 0, "a", 1, None, None, None)] and led.muts == [] and led.seq == 1
 
 
+class Data:
+    """A component's data on a node, as ``state`` reads it."""
+
+    def __init__(self, values, refs) -> None:
+        self.values, self.refs = values, refs
+
+
+class Node:
+    def __init__(self, nid: int, data: list) -> None:
+        self.id, self.data = nid, data
+
+
+def _len(v) -> int:
+    return len(v)
+
+
+def test_state_records_a_components_lens_and_refs_as_m_would(impl) -> None:
+    led, _, _ = make(impl)
+    sizes = ((_len, _len, _len), (_len, _len, lambda v: 99))
+    led.set_states("comp.state", ("full", "swa"), sizes)
+    node = Node(7, [Data([[1, 2, 3], None, None], [1, 0, 0]), Data([None, [4], "ab"], [0, 2, 0])])
+    led.state(node, 0)
+    led.state(node, 1)
+    assert led.take() == [(1, 0, "comp.state", 7, "full", None, ((3, None, None), (1, 0, 0))),
+                          (2, 0, "comp.state", 7, "swa", None, ((None, 1, 99), (0, 2, 0)))]
+    led.on = False
+    led.state(node, 0)
+    assert led.muts == [] and led.seq == 2
+
+
+def test_state_is_refused_before_it_records_anything(impl) -> None:
+    led, _, _ = make(impl)
+    node = Node(1, [Data([None, None, None], [0, 0, 0])])
+    with pytest.raises(RuntimeError, match=r"set_states\(kind, names, sizes\) was not called"):
+        led.state(node, 0)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    with pytest.raises(IndexError, match="component index 1 out of range"):
+        led.state(node, 1)
+    with pytest.raises(ValueError, match="2 values for 3 tiers"):
+        led.state(Node(1, [Data([None, None], [0, 0, 0])]), 0)
+    with pytest.raises(TypeError):  # a size callable's own error propagates
+        led.state(Node(1, [Data([5, None, None], [0, 0, 0])]), 0)
+    assert led.muts == [] and led.seq == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((1, ("full",), ((len,),)), "kind must be a str, got 1"),
+    (("k", ["full"], ((len,),)), "names and sizes must be tuples of one length"),
+    (("k", ("full", "swa"), ((len,),)), "names and sizes must be tuples of one length"),
+    (("k", ("full",), ((len, 3),)), r"component 0: a str name and a tuple of size callables, "
+                                    r"got 'full' and \(<built-in function len>, 3\)"),
+])
+def test_bad_states_are_refused_with_the_value_and_keep_the_old_ones(impl, args, needle) -> None:
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    with pytest.raises(TypeError, match=needle):
+        led.set_states(*args)
+    led.state(Node(3, [Data([[1], None, None], [0, 0, 0])]), 0)
+    assert led.take() == [(1, 0, "comp.state", 3, "full", None, ((1, None, None), (0, 0, 0)))]
+
+
+def test_a_size_callable_that_turns_recording_off_leaves_nothing_recorded(impl) -> None:
+    led, _, _ = make(impl)
+
+    def off(v) -> int:
+        led.on = False
+        led.set_states("other", ("x",), ((_len,),))  # replaced mid-call: the call keeps its own
+        return len(v)
+
+    led.set_states("comp.state", ("full",), ((off, _len, _len),))
+    led.state(Node(3, [Data([[1], None, None], [0, 0, 0])]), 0)
+    assert led.muts == [] and led.seq == 0
+
+
 @pytest.mark.parametrize("args, needle", [
     ((42, None, {}), "record must be callable, got 42"),
     ((print, "ctx", {}), "context must be a ContextVar, a callable or None, got 'ctx'"),
