@@ -10,7 +10,6 @@ import contextvars
 import logging
 import operator
 import time
-from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 
@@ -19,9 +18,6 @@ from radixscope.cache.events import NULL_RECORDER, Recorder
 from radixscope.cache.ledger import Ledger
 from radixscope.cache.op_attrs import OP_ATTRS
 from radixscope.cache.tiers import STORAGE, TIER_LABELS, TIERS
-
-if TYPE_CHECKING:
-    from radixscope.cache.tree import Node
 
 log = logging.getLogger("radixscope.cache")
 _time_ns = time.time_ns
