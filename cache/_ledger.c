@@ -373,7 +373,7 @@ state_value(PyObject *sizes, PyObject *data)
 {
     PyObject *values = PyObject_GetAttr(data, s_values), *refs = NULL, *fast = NULL;
     PyObject *lens = NULL, *out = NULL;
-    if (values == NULL || (refs = PyObject_GetAttr(data, s_refs)) == NULL)
+    if (values == NULL)
         goto done;
     /* a list copied first: a size callable may run Python code that changes it */
     if ((fast = PySequence_Tuple(values)) == NULL)
@@ -394,6 +394,9 @@ state_value(PyObject *sizes, PyObject *data)
             goto done;
         PyTuple_SET_ITEM(lens, t, n);
     }
+    /* the refs read after the size callables ran (code they run may rebind them), as PyLedger */
+    if ((refs = PyObject_GetAttr(data, s_refs)) == NULL)
+        goto done;
     PyObject *reft = PySequence_Tuple(refs);
     if (reft != NULL) {
         out = PyTuple_Pack(2, lens, reft);
@@ -421,11 +424,12 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "state: set_states(kind, names, sizes) was not called");
         return NULL;
     }
-    Py_ssize_t ci = PyLong_AsSsize_t(args[1]);
-    if (ci == -1 && PyErr_Occurred())
+    Py_ssize_t ci = PyNumber_AsSsize_t(args[1], PyExc_IndexError); /* operator.index(ci) */
+    if (ci == -1 && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_IndexError))
         return NULL;
-    if (ci < 0 || ci >= PyTuple_GET_SIZE(L->state_names)) {
-        PyErr_Format(PyExc_IndexError, "state: component index %zd out of range", ci);
+    if (PyErr_Occurred() || ci < 0 || ci >= PyTuple_GET_SIZE(L->state_names)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_IndexError, "state: component index %R out of range", args[1]);
         return NULL;
     }
     /* held: set_states may run (from Python code a size callable runs) while this one does */
@@ -479,9 +483,14 @@ ledger_set_states(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_XSETREF(L->state_kind, Py_NewRef(kind));
-    Py_XSETREF(L->state_names, Py_NewRef(names));
-    Py_XSETREF(L->state_sizes, Py_NewRef(sizes));
+    /* all three replaced before any old one is dropped: dropping one may run code (a finalizer)
+       that calls state(), which must see three tables that agree */
+    PyObject *old[3] = {L->state_kind, L->state_names, L->state_sizes};
+    L->state_kind = Py_NewRef(kind);
+    L->state_names = Py_NewRef(names);
+    L->state_sizes = Py_NewRef(sizes);
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(old[i]);
     Py_RETURN_NONE;
 }
 
@@ -583,6 +592,9 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
     else if (ctx != Py_None)
         L->ctx_fn = Py_NewRef(ctx);
     Py_XSETREF(L->attrs, Py_NewRef(attrs));
+    Py_CLEAR(L->state_kind); /* set_states again, as PyLedger.__init__ forgets them */
+    Py_CLEAR(L->state_names);
+    Py_CLEAR(L->state_sizes);
     L->on = on;
     L->seq = L->op_id = L->cur_op = L->depth = 0;
     return 0;

@@ -34,6 +34,7 @@ two to one behaviour.
 from __future__ import annotations
 
 import contextvars
+import operator
 import time
 import weakref
 from collections.abc import Callable
@@ -129,14 +130,15 @@ class PyLedger:
         if self._states is None:
             raise RuntimeError("state: set_states(kind, names, sizes) was not called")
         kind, names, sizes = self._states
-        if not 0 <= ci < len(names):
-            raise IndexError(f"state: component index {ci} out of range")
-        nid, d, size = node.id, node.data[ci], sizes[ci]
+        i = operator.index(ci)
+        if not 0 <= i < len(names):
+            raise IndexError(f"state: component index {ci!r} out of range")
+        nid, d, size = node.id, node.data[i], sizes[i]
         values = tuple(d.values)
         if len(values) != len(size):
             raise ValueError(f"state: {len(values)} values for {len(size)} tiers")
         lens = tuple([None if v is None else f(v) for v, f in zip(values, size, strict=True)])
-        self.m(kind, nid, names[ci], None, (lens, tuple(d.refs)))
+        self.m(kind, nid, names[i], None, (lens, tuple(d.refs)))
 
     def take(self) -> list[tuple]:
         muts, self.muts = self.muts, []

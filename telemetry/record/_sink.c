@@ -245,17 +245,29 @@ encode_tuple(Sink *s, PyObject *v, int depth)
     return 0;
 }
 
-/* A value no Python code runs to write: None, a bool, an exact int or str. */
+/* A value written here with no object allocated that the collector tracks (and so with no
+   collection, no finalizer, no Python code run): None, a bool, an exact int, an exact str whose
+   UTF-8 form can be made (it is then kept in the str; a lone surrogate's failure would allocate
+   an exception, and so may collect). 0 with no error set when it is not one. */
 static inline int
 plain(PyObject *v)
 {
-    return v == Py_None || v == Py_True || v == Py_False || PyLong_CheckExact(v)
-           || PyUnicode_CheckExact(v);
+    if (v == Py_None || v == Py_True || v == Py_False || PyLong_CheckExact(v))
+        return 1;
+    if (!PyUnicode_CheckExact(v))
+        return 0;
+    if (PyUnicode_IS_ASCII(v))
+        return 1;
+    if (PyUnicode_AsUTF8AndSize(v, NULL) != NULL)
+        return 1;
+    PyErr_Clear();
+    return 0;
 }
 
 /* A dict (an eviction's freed slots per component), as marshal writes it: '{', each key and
-   value in the dict's order, '0'. Only when every key and value is plain, so that no Python code
-   runs while it is iterated; any other dict goes to marshal's writer whole. */
+   value in the dict's order, '0'. Only when every key and value is plain, so that nothing can
+   change the dict while it is iterated the second time; any other dict goes to marshal's writer
+   whole (the first pass may run code, and stops at the first value that is not plain). */
 static int
 encode_dict(Sink *s, PyObject *v, int depth)
 {

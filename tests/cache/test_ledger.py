@@ -243,6 +243,46 @@ def test_bad_states_are_refused_with_the_value_and_keep_the_old_ones(impl, args,
     assert led.take() == [(1, 0, "comp.state", 3, "full", None, ((1, None, None), (0, 0, 0)))]
 
 
+@pytest.mark.parametrize("ci, error", [
+    (0.0, TypeError), (None, TypeError), (-1, IndexError), (2**70, IndexError), (True, None),
+    ("0", TypeError),
+])
+def test_a_components_index_is_taken_as_operator_index_takes_it(impl, ci, error) -> None:
+    np = pytest.importorskip("numpy")
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full", "swa"), ((_len, _len, _len),) * 2)
+    node = Node(3, [Data([[1], None, None], [0, 0, 0]), Data([[1, 2], None, None], [0, 0, 0])])
+    if error is None:
+        led.state(node, ci)
+        led.state(node, np.int64(0))
+        assert [m[4] for m in led.take()] == ["swa", "full"]
+    else:
+        with pytest.raises(error):
+            led.state(node, ci)
+        assert led.muts == [] and led.seq == 0
+
+
+def test_the_refs_are_read_after_the_size_callables_ran(impl) -> None:
+    led, _, _ = make(impl)
+    data = Data([[1], None, None], [0, 0, 0])
+
+    def rebind(v) -> int:
+        data.refs = [5, 0, 0]
+        return len(v)
+
+    led.set_states("comp.state", ("full",), ((rebind, _len, _len),))
+    led.state(Node(3, [data]), 0)
+    assert led.take()[0][6] == ((1, None, None), (5, 0, 0))
+
+
+def test_a_ledger_initialised_again_forgets_its_states(impl) -> None:
+    led, owner, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    led.__init__(owner, lambda op, muts: None, None, {}, True)
+    with pytest.raises(RuntimeError, match="was not called"):
+        led.state(Node(3, [Data([[1], None, None], [0, 0, 0])]), 0)
+
+
 def test_a_size_callable_that_turns_recording_off_leaves_nothing_recorded(impl) -> None:
     led, _, _ = make(impl)
 
@@ -424,6 +464,21 @@ def test_the_attribute_table_is_read_as_python_reads_it(impl) -> None:
 
 
 CRASHES = {  # a callable that drops its own last reference while the ledger runs it
+    "set_states": """
+class Name(str):
+    def __del__(self):
+        led.state(node, 1)  # sees the new tables, all three: not the old sizes with new names
+class D:
+    values, refs = [[1], None, None], [0, 0, 0]
+class N:
+    id, data = 3, [D(), D()]
+node = N()
+led = Ledger(owner, lambda r, m: None, None, {}, True)
+t = (len, len, len)
+led.set_states("comp.state", (Name("full"),), (t,))
+led.set_states("comp.state", ("full", "swa"), (t, t))
+assert [m[4] for m in led.take()] == ["swa"]
+""",
     "builder": """
 attrs = {}
 def f(cache, out, args):

@@ -84,6 +84,36 @@ def test_a_list_emptied_mid_record_is_handed_back_not_read_freed() -> None:
     assert back == [1] and (s.n, s.nbytes) == (0, 0)
 
 
+def test_a_dict_a_collection_changes_while_it_is_written_is_read_whole() -> None:
+    """A lone surrogate's failed UTF-8 allocates an exception, so a collection can run there
+    and change the dict: the sink writes a dict natively only when nothing can, else marshal
+    writes it whole (before: a value read freed, one the dict never held)."""
+    d = {"\ud800": int("7" * 200), "k": None}
+    ran = []
+
+    class Cycle:
+        def __del__(self) -> None:
+            ran.append(1)
+            d["\ud800"] = 0  # frees the big int
+            junk = [int("8" * 200) for _ in range(50)]  # takes its memory
+            del junk
+
+    s = sink()
+    rec, muts = op(1, (d, d)), []
+    gc.collect()
+    old = gc.get_threshold()
+    c = Cycle()
+    c.me = c
+    gc.set_threshold(1)  # the next allocation the collector counts collects: inside the record
+    try:
+        del c
+        s(rec, muts)
+    finally:
+        gc.set_threshold(*old)
+    n, data = s.take()
+    assert ran and part_records(Chunk(n, data))[0][8] == (d, d) == ({"\ud800": 0, "k": None},) * 2
+
+
 def test_the_remembered_parent_replaced_mid_lookup_is_not_read_freed() -> None:
     class Forget:
         def __del__(self) -> None:
