@@ -34,6 +34,8 @@ typedef struct {
     PyObject *state_kind;        /* set_states: the kind of ``state``'s mutations, */
     PyObject *state_names;       /* each component's name (a tuple), */
     PyObject *state_sizes;       /* and per component a tuple of per-tier size callables */
+    PyObject *cur_obj;           /* cur_op as an int object, made once per op (NULL: none) */
+    long long cur_obj_val;       /* the value cur_obj holds */
     PyObject *weakreflist;
 } Ledger;
 
@@ -329,10 +331,20 @@ append_mutation(Ledger *L, PyObject *kind, PyObject *node, PyObject *comp, PyObj
     PyObject *t = PyTuple_New(7);
     if (t == NULL)
         return -1;
-    PyObject *seq = PyLong_FromLongLong(L->seq + 1), *cur = PyLong_FromLongLong(L->cur_op);
-    if (seq == NULL || cur == NULL) {
-        Py_XDECREF(seq);
-        Py_XDECREF(cur);
+    /* every mutation of an op shares its op id: one int object for them all (cur_op is
+       writable, so the object is checked against it, not trusted) */
+    if (L->cur_obj == NULL || L->cur_obj_val != L->cur_op) {
+        PyObject *obj = PyLong_FromLongLong(L->cur_op);
+        if (obj == NULL) {
+            Py_DECREF(t);
+            return -1;
+        }
+        Py_XSETREF(L->cur_obj, obj);
+        L->cur_obj_val = L->cur_op;
+    }
+    PyObject *seq = PyLong_FromLongLong(L->seq + 1), *cur = Py_NewRef(L->cur_obj);
+    if (seq == NULL) {
+        Py_DECREF(cur);
         Py_DECREF(t);
         return -1;
     }
@@ -622,6 +634,7 @@ ledger_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(L->state_kind);
     Py_VISIT(L->state_names);
     Py_VISIT(L->state_sizes);
+    Py_VISIT(L->cur_obj);
     return 0;
 }
 
@@ -637,6 +650,7 @@ ledger_clear(PyObject *self)
     Py_CLEAR(L->state_kind);
     Py_CLEAR(L->state_names);
     Py_CLEAR(L->state_sizes);
+    Py_CLEAR(L->cur_obj);
     /* muts stays a list: every method may rely on it */
     return 0;
 }
