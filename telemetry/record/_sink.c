@@ -223,9 +223,6 @@ encode_buffer(Sink *s, PyObject *v)
     return r;
 }
 
-/* A list ('['). marshal's writer (a set's sort) can run a collection, and so finalizers, which
-   may change a list: each item is held while it is written, and a list whose size changed fails
-   the record (the Python path takes it). */
 /* A tuple: its items cannot change while it is written (we hold it), so none is held apart. */
 static int
 encode_tuple(Sink *s, PyObject *v, int depth)
@@ -289,6 +286,9 @@ encode_dict(Sink *s, PyObject *v, int depth)
     return put1(s, '0');
 }
 
+/* A list ('['). marshal's writer (a set's sort) can run a collection, and so finalizers, which
+   may change a list: each item is held while it is written, and a list whose size changed fails
+   the record (the Python path takes it). */
 static int
 encode_list(Sink *s, PyObject *v, int depth)
 {
