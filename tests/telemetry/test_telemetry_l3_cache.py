@@ -96,17 +96,19 @@ def test_miss_explainer_says_the_prefetch_stopped_at_its_deadline(tmp_path):
                           capture_host_spans=False)
     c = _cache(tmp_path, tel, backend=gate, policy="timeout", timeout_base_s=0.05,
                timeout_per_ki_token_s=0.0)
-    _written(c)
-    assert c.match_prefix(TOKENS, req_id="r2", prefetch=True).prefetch_status == "started"
-    assert gate.entered.wait(10)
-    wait_prefetch(c, "r2")
-    st = c.prefetch_state("r2")
-    assert (st.reason, st.hit_tokens) == (pe.R_DEADLINE, 4 * PAGE)
-    m = c.match_prefix(TOKENS, req_id="r2")
-    assert m.device_indices.numel() == 0 and m.host_hit_length == 4 * PAGE
-    gate.release()
-    c.storage_close()
-    tel.close()
+    try:
+        _written(c)
+        assert c.match_prefix(TOKENS, req_id="r2", prefetch=True).prefetch_status == "started"
+        assert gate.entered.wait(10)
+        wait_prefetch(c, "r2")
+        st = c.prefetch_state("r2")
+        assert (st.reason, st.hit_tokens) == (pe.R_DEADLINE, 4 * PAGE)
+        m = c.match_prefix(TOKENS, req_id="r2")
+        assert m.device_indices.numel() == 0 and m.host_hit_length == 4 * PAGE
+    finally:  # a failed assertion must not leave the worker held at the gate
+        gate.release()
+        c.storage_close()
+        tel.close()
     with load(tmp_path / "run.db") as src:
         x = explain_miss(src, "r2", tokens=TOKENS)
     (r,) = [r for r in x.reasons if r.tier == "storage"]

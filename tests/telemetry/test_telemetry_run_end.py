@@ -37,6 +37,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, waiting for init to reap it, has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _ops_in(store: Path) -> int:
     try:
         with telemetry.open_store(store) as r:
@@ -68,8 +77,8 @@ def test_killed_run_and_writer_doctor_says_it_did_not_finish_cleanly(tmp_path, c
         proc.wait(timeout=60)
     for pid in writers:
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)  # reaped by init once its parent is gone
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGKILLed: gone, or a zombie until init reaps it
     with telemetry.open_store(store) as r:
         status = r.run_status()
         last = r.last_seq()
@@ -98,14 +107,19 @@ def test_host_killed_writer_records_an_unclean_end(tmp_path):
                        timeout=120)
     assert p.returncode == -signal.SIGKILL, p.stderr
     writer = int(p.stdout.split()[0])
-    deadline = time.monotonic() + 60
-    while Path(f"/proc/{writer}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with telemetry.open_store(store) as r:
-        status = r.run_status()
-        assert status["state"] == "ended" and not status["clean"], status
-        assert r.info()["closed"]["clean"] is False
-        assert "ended without closing telemetry" in status["message"]
+    try:
+        deadline = time.monotonic() + 60
+        while _alive(writer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(writer), "the writer did not exit when its host died"
+        with telemetry.open_store(store) as r:
+            status = r.run_status()
+            assert status["state"] == "ended" and not status["clean"], status
+            assert r.info()["closed"]["clean"] is False
+            assert "ended without closing telemetry" in status["message"]
+    finally:  # a writer that missed its host's death must not outlive the test
+        if _alive(writer):
+            os.kill(writer, signal.SIGKILL)
 
 
 def test_clean_run_says_it_finished(tmp_path):
