@@ -445,7 +445,8 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     /* held: set_states may run (from Python code a size callable runs) while this one does */
-    PyObject *kind = Py_NewRef(L->state_kind), *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
+    PyObject *kind = Py_NewRef(L->state_kind);
+    PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
     PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(L->state_sizes, ci));
     PyObject *id = NULL, *all = NULL, *data = NULL, *value = NULL, *r = NULL;
     if ((id = PyObject_GetAttr(args[0], s_id)) != NULL

@@ -22,28 +22,24 @@ LONG = ["--workload", "chat", "--requests", "100000", "--no-progress", "--device
         "--host-tokens", "4096"]
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command name (state, ppid, ...); None: gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _children(pid: int) -> list[int]:
     """Direct child processes of ``pid`` (Linux /proc)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(d.name))
-    return out
+    return [int(d.name) for d in Path("/proc").iterdir()
+            if d.name.isdigit() and (st := _stat(d.name)) is not None and int(st[1]) == pid]
 
 
 def _alive(pid: int) -> bool:
     """``pid`` runs (a zombie, waiting for init to reap it, has exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
 
 
 def _ops_in(store: Path) -> int:
