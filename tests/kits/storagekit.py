@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from radixscope.cache.storage import Fingerprint, HostPages, page_hashes
+from tests.kits.ports import free_port
 from tests.kits.require import missing
 
 ROOT_DIR = str(Path(__file__).resolve().parents[2])
@@ -33,14 +34,6 @@ NETNS_TEST = ("tests/cache/test_cache_storage_mooncake_netns.py::"
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}  # advertise (and dial) loopback only
 PAGE = 4
 SHAPE = (2, 3, 8)  # layers, heads, head_dim: [layers, 2, slots, heads, head_dim]
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def kv_host(slots: int = 64, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> HostPages:

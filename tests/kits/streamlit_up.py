@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+
+from tests.kits.ports import free_port
 
 
 def wait_healthy(proc: subprocess.Popen, port: int, log: IO, timeout_s: float = 60) -> None:
@@ -43,9 +44,7 @@ def started_ui(store, log_dir, env: dict[str, str], timeout_s: float = 60,
     ``PYTHONPATH``), waited for; yields the process and its port, and stops the whole process
     group it started afterwards."""
     root = Path(__file__).resolve().parents[2]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(Path(log_dir) / "streamlit.log", "w+")  # noqa: SIM115
     # `radixscope ui STORE --port N` (engine/cli.py): streamlit run ui/app.py -- --store STORE
     proc = subprocess.Popen(

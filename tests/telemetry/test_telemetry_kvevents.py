@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -29,17 +28,12 @@ from radixscope.telemetry.kvevents.blocks import snapshot_blocks
 from radixscope.telemetry.kvevents.publisher import KvEventPublisher
 from radixscope.telemetry.kvevents.watch import Watcher
 from tests.kits.cachekit import Driver, make_config
+from tests.kits.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "kv-events"
 if not FIXTURES.exists():
     FIXTURES = Path("/work/shared/fixtures/kv-events")
 CONSUMER = Path(__file__).parents[1] / "kits" / "kvevents_consumer.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def frame_rows(df) -> set:

@@ -5,8 +5,6 @@ removed that was never stored)."""
 
 from __future__ import annotations
 
-import socket
-
 import msgspec
 import pytest
 import zmq
@@ -20,15 +18,10 @@ from radixscope.telemetry.kvevents.config import KvEventsConfig
 from tests.kits import kvevents_consumer as kit
 from tests.kits.cachekit import Driver, make_config
 from tests.kits.l3kit import evict_everything, wait_prefetch
+from tests.kits.ports import free_port
 
 PAGE = 4
 TOKENS = list(range(1, 1 + 6 * PAGE))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_medium_names():
@@ -57,7 +50,7 @@ def _events(replay: str, until: int) -> list[tuple[int, object]]:
 
 
 def test_l3_writes_publish_the_storage_medium_once(tmp_path):
-    pub, rep = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     tel = telemetry.setup(store=None, mode="inline", metrics=False, spans=False,
                           capture_host_spans=False,
                           kv_events={"endpoint": pub, "replay_endpoint": rep})

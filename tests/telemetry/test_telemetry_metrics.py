@@ -8,6 +8,7 @@ from radixscope import telemetry
 from radixscope.cache import HiRadixCache
 from radixscope.telemetry import names as n
 from tests.kits.cachekit import Driver, make_config
+from tests.kits.ports import free_port
 from tests.kits.telkit import Rig, by_labels, metric_points
 
 A = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -114,12 +115,9 @@ def test_dropped_records_show_in_the_counter():
 def test_prometheus_endpoint_serves_the_cache_metrics(tmp_path):
     """``setup(prometheus=port)``: the writer process serves the instruments over HTTP; a real
     scrape sees the pool gauges per component and tier and the counters, with their values."""
-    import socket
     import urllib.request
 
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     tel = telemetry.setup(store=tmp_path / "p.db", prometheus=("127.0.0.1", port),
                           capture_host_spans=False)
     try:
