@@ -38,24 +38,24 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _candidates():
+    """Bindable ports outside the ephemeral range when there is room there, then the kernel's
+    own picks."""
+    lo, hi = ephemeral_range()
+    outside = [(a, b) for a, b in ((LOWEST, lo - 1), (hi + 1, 65535)) if b - a >= 100]
+    for _ in range(200 if outside else 0):
+        port = _rng.randint(*_rng.choice(outside))
+        if _bindable(port):
+            yield port
+    while True:  # no room outside the ephemeral range, or nothing free there
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            yield s.getsockname()[1]
+
+
 def free_port() -> int:
     """A loopback TCP port nothing is bound to, outside the ephemeral range when there is room
     there, and not handed out before in this process."""
-    lo, hi = ephemeral_range()
-    outside = [(LOWEST, lo - 1), (hi + 1, 65535)]
-    outside = [(a, b) for a, b in outside if b - a >= 100]
-    for _ in range(200):
-        if not outside:
-            break
-        a, b = _rng.choice(outside)
-        port = _rng.randint(a, b)
-        if port not in _given and _bindable(port):
-            _given.add(port)
-            return port
-    while True:  # no room outside the ephemeral range: the kernel's pick
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _given:
-            _given.add(port)
-            return port
+    port = next(p for p in _candidates() if p not in _given)
+    _given.add(port)
+    return port
