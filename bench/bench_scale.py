@@ -6,27 +6,28 @@ turns of 96-320 tokens; a conversation restarts past 3 k tokens), page size 1, F
 (``--scale``). Every request is driven as SGLang's scheduler drives its cache:
 match -> lock -> evict when short -> alloc -> insert -> unlock.
 
-Each scale runs two caches in one process, interleaved batch by batch: the baseline (no
-recorder) and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per
-op (each cache call timed on its own; an auxiliary component's evict / alloc as
-``evict.<comp>`` / ``alloc.<comp>``): median and p99 of the calling thread's CPU time; per
-request (match + insert + lock + unlock) median and p99; req/s; ops/s (match + insert + evict
-calls per second of their own time, as issue 17's table); process memory per resident token
-beyond the KV buffers (RSS delta of building and filling the baseline cache, minus the KV
-buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
-``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict
-calls by the tokens they were asked for and the nodes they removed (tombstone ancestors among
-them), and the cost per node removed; match calls by the depth of the device path they walked
-(a line through each depth's median, and the worst p99/median within one depth: the tail that
-is not the workload's spread of path lengths); the garbage collector: the objects it tracks per
-node (added by building and filling each cache), its collections during the batches (how many,
-the longest, their time per request: the process's, both caches' objects scanned by each) and a
-full collection's time with every cache resident; last, issue 17's targets that one run can
-judge, each ``met`` or ``NOT met``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
-``--kernels`` also times every call of the native kernels the pools make (``check_split``,
-``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own figures then carry
-the timer's cost too): per call median / p99 and per request, the C part of a request in
-place, where its bitmaps may be cold.
+Each scale runs two caches in one process, interleaved batch by batch: the baseline (no recorder)
+and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per op (each cache
+call timed on its own; an auxiliary component's evict / alloc as ``evict.<comp>`` /
+``alloc.<comp>``): median and p99 of the calling thread's CPU time; per request (match + insert +
+lock + unlock) median and p99; req/s; ops/s (match + insert + evict calls per second of their own
+time, as issue 17's table, from each cache's best batch) and telemetry's cost in it batch pair by
+batch pair (batch i of both caches: the same requests, run back to back) with their median, the
+figure the target is judged on; process memory per resident token beyond the KV buffers (RSS delta
+of building and filling the baseline cache, minus the KV buffers' bytes, divided by the tokens
+resident); store bytes per op (the store's pages after ``close()`` over every cache call of the
+run, fill included) and ``close()`` time; FULL evict calls by the tokens they were asked for and
+the nodes they removed (tombstone ancestors among them), and the cost per node removed; match calls
+by the depth of the device path they walked (a line through each depth's median, and the worst
+p99/median within one depth: the tail that is not the workload's spread of path lengths); the
+garbage collector: the objects it tracks per node (added by building and filling each cache), its
+collections during the batches (how many, the longest, their time per request: the process's, both
+caches' objects scanned by each) and a full collection's time with every cache resident; last,
+issue 17's targets that one run can judge, each ``met`` or ``NOT met``. ``bench_record_cost.py``
+splits telemetry's cost into its steps. ``--kernels`` also times every call of the native kernels
+the pools make (``check_split``, ``alloc_pages``, ``free_pages``; wall clock, inside the ops, so
+the ops' own figures then carry the timer's cost too): per call median / p99 and per request, the C
+part of a request in place, where its bitmaps may be cold.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
@@ -54,7 +55,15 @@ import torch  # noqa: E402
 from radixscope.cache import CacheConfig, HiRadixCache, TokenKey, native  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_stats import NOT_OPS, OPS, by_depth, ops_in, print_targets  # noqa: E402
+from scale_stats import (  # noqa: E402
+    NOT_OPS,
+    OPS,
+    by_depth,
+    ops_in,
+    paired_costs,
+    print_targets,
+    timed_ops_s,
+)
 
 SCALES = {"1k": 1_000, "100k": 100_000}
 SYS_LEN, TURN_MIN, TURN_MAX, CONV_MAX = 1024, 96, 320, 3072
@@ -369,9 +378,7 @@ class Run:
                 out[op] = (statistics.median(v) / 1e3, v[int(len(v) * 0.99)] / 1e3)
         best = min(batches, key=lambda b: b["cpu"] / b["n"])
         out["req_s"] = best["n"] / best["cpu"]
-        evicts = [op for op in best if op.startswith("evict")]
-        timed = sum(sum(best[op]) for op in ("match", "insert", *evicts)) / 1e9
-        out["ops_s"] = (2 * best["n"] + sum(len(best[op]) for op in evicts)) / timed
+        out["ops_s"] = timed_ops_s(best)
         out["hit"] = statistics.mean(x for b in batches for x in b["hit"])
         # FULL evict calls by the nodes they removed (evicted + tombstone ancestors deleted):
         # the call's cost follows them, so its tail is the workload's spread of victims
@@ -454,8 +461,12 @@ def main() -> None:
     if len(sums) == 2:
         b, t = sums
         print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "
-              f"{t['ops_s'] / b['ops_s']:.3f}, request median "
+              f"{t['ops_s'] / b['ops_s']:.3f} (best batches), request median "
               f"{t['request'][0] / b['request'][0]:.3f}")
+        costs = paired_costs(runs[0].batches, runs[1].batches)
+        print("  telemetry's cost in ops/s, batch pair by batch pair: "
+              + " ".join(f"{c * 100:.1f}" for c in costs)
+              + f" % (median {statistics.median(costs) * 100:.1f} %)")
     for r, s in zip(runs, sums, strict=True):
         if "victims" in s:
             print(f"  {r.label} FULL evict: tokens asked per call median {s['asked'][0]:.0f} / "

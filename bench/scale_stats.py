@@ -17,6 +17,24 @@ def ops_in(batches: list[dict]) -> list[str]:
     return [op for op in OPS if op in seen] + sorted(seen - set(OPS))
 
 
+def timed_ops_s(batch: dict) -> float:
+    """One batch's ops/s as issue 17's table counts it: match, insert and evict calls (every
+    component's) over the CPU time of those calls alone."""
+    evicts = [op for op in batch if op.startswith("evict")]
+    timed = sum(sum(batch[op]) for op in ("match", "insert", *evicts)) / 1e9
+    return (2 * batch["n"] + sum(len(batch[op]) for op in evicts)) / timed
+
+
+def paired_costs(base: list[dict], tel: list[dict]) -> list[float]:
+    """Telemetry's cost in ops/s, batch pair by batch pair: ``1 - ops/s(telemetry) / ops/s
+    (baseline)`` for the i-th batch of each. The two caches run the same requests in the same
+    order, batch i of one right after batch i of the other, so a slow spell of the machine
+    falls on both of a pair more often than on the best batch of each (the ratio of best
+    batches, on this project's noisy 2-core machines, moved from 4.6 % to 16.1 % between two
+    runs of one commit at 100 k nodes); their median is what the target is judged on."""
+    return [1 - timed_ops_s(t) / timed_ops_s(b) for b, t in zip(base, tel, strict=True)]
+
+
 def by_depth(calls: list[tuple[int, int]]) -> dict | None:
     """Match calls by the device path they walked (nodes from the root to the match's last
     device node): the cost per node (a line through each depth's median) and the worst
@@ -53,9 +71,11 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float])
         b, t = sums
         rows.append(("request with telemetry <= 85 us (median)", f"{t['request'][0]:.1f} us",
                      t["request"][0] <= 85))
-        ratio = t["ops_s"] / b["ops_s"]
-        rows.append(("telemetry costs <= 5 % of ops/s", f"{(1 - ratio) * 100:.1f} %",
-                     ratio >= 0.95))
+        costs = paired_costs(runs[0].batches, runs[1].batches)
+        cost = statistics.median(costs)
+        rows.append(("telemetry costs <= 5 % of ops/s (median of the batch pairs)",
+                     f"{cost * 100:.1f} % (pairs {min(costs) * 100:.1f}-{max(costs) * 100:.1f} %, "
+                     f"best batches {(1 - t['ops_s'] / b['ops_s']) * 100:.1f} %)", cost <= 0.05))
         rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
     print("  issue 17 targets:")
     for what, value, ok in rows:

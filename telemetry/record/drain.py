@@ -1,12 +1,12 @@
 """The drain thread: moves recorded batches from the recorder to a transport, off the hot path.
 
-Every ``interval_s`` (or at once when the recorder's ``wake`` event is set: overflow, close),
-it takes the pending op records (already encoded by the
-recorder) and side messages (host spans become rows here), hands them to the transport (the
-writer process, or the sink inline) and keeps the batch in the flight-recorder ring. ``flush`` and
-``close`` run the same cycle on the caller's thread under the same lock, so exactly one thread
-sends at a time. Nothing here raises into the cache: a failing cycle is logged and counted, and
-the records it carried are counted as dropped.
+Every ``interval_s`` (or at once when the recorder's ``wake`` event is set: a batch of records
+due, overflow, close), it takes the pending op records (already encoded by the recorder) and
+side messages (host spans become rows here), hands them to the transport (the writer process,
+or the sink inline) and keeps the batch in the flight-recorder ring. ``flush`` and ``close`` run
+the same cycle on the caller's thread under the same lock, so exactly one thread sends at a
+time. Nothing here raises into the cache: a failing cycle is logged and counted, and the
+records it carried are counted as dropped.
 """
 
 from __future__ import annotations

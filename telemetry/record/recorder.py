@@ -1,24 +1,27 @@
 """The recorder the cache records into: one call per op, one buffer append.
 
-``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to
-its span's ids (``compact_record``) and appends the record with its mutations, encoded as
-``marshal`` version 2 encodes it, to a buffer. Where the native encoder was built
-(``telemetry/record/sink.py``: ``ENCODER == "native"``) the cache calls a C ``Sink`` that does
-all of that in one call, with no Python object made per record; otherwise ``record`` below does
-it in Python (``encode_one``: marshal). At every drain, flush and close (the drain thread's
-cycle, every ``interval_s``) the buffer is joined into one blob (``join_encoded``: a header and
-a ``bytes.join``) and queued on the pending deque; the cache's thread joins it itself only when
-it reaches ``encode_batch`` records (a drain thread that fell behind), so no op pays for
-queueing the others' records. Encoding as each op ends, rather than queueing the records'
-objects until a drain, is deliberate: ``bytes`` are invisible to the garbage collector, while
-thousands of queued tuples and lists make it run far more often on the cache's thread,
-including full whole-heap passes; the op's tuples die young. Encoding each record alone costs
-about its share of a batch (marshal version 2 has no back-references), and no op pays for
+``TelemetryRecorder`` is a ``FlightRecorder`` whose hot path reduces the caller's context to its
+span's ids (``compact_record``) and appends the record with its mutations, encoded as ``marshal``
+version 2 encodes it, to a buffer. Where the native encoder was built
+(``telemetry/record/sink.py``: ``ENCODER == "native"``) the cache calls a C ``Sink`` that does all
+of that in one call, with no Python object made per record; otherwise ``record`` below does it in
+Python (``encode_one``: marshal). At every drain, flush and close (the drain thread's cycle, every
+``interval_s``) the buffer is joined into one blob (``join_encoded``: a header and a
+``bytes.join``) and queued on the pending deque. The cache's thread never joins: every
+``encode_batch`` records it wakes the drain thread (``wake``) and goes on, so no op pays for
+queueing the others' records, nor for the fresh memory a blob of megabytes is copied into (a join
+of 4096 records on the cache's thread made two ~3 MB copies into new pages: up to 1,000 page
+faults, 12 ms of one op's CPU time on this project's machines). The sink keeps its buffer from one
+batch to the next, so the pages it writes into stay mapped. Encoding as each op ends, rather than
+queueing the records' objects until a drain, is deliberate: ``bytes`` are invisible to the garbage
+collector, while thousands of queued tuples and lists make it run far more often on the cache's
+thread, including full whole-heap passes; the op's tuples die young. Encoding each record alone
+costs about its share of a batch (marshal version 2 has no back-references), and no op pays for
 encoding the records of others: a batch encoded at once (64 records, ~170 us on the issue-17
 workload) was the p99 of every op with telemetry on. The pipeline's drain thread
 (``telemetry/record/drain.py``) ships the blobs in batches and keeps the last of them as the
-flight-recorder ring (``tail()`` decodes on demand). Side messages (host spans, events,
-violations) enter through ``submit``.
+flight-recorder ring (``tail()`` decodes on demand). Side messages (host spans, events, violations)
+enter through ``submit``.
 
 Overflow: when ``queue_capacity`` records are buffered or pending, ``overflow="block"`` waits
 up to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and
@@ -76,8 +79,9 @@ class TelemetryRecorder(FlightRecorder):
             and crash bundles, at least (whole encoded batches are kept); 0 keeps none. Kept as
             encoded ``bytes``: cheap, and untracked by the garbage collector.
         capture_context: ask the cache to capture the caller's OTel context per op.
-        encode_batch: buffered records at which the cache's thread joins and queues them
-            itself (the drain thread does it every cycle); 1: each record its own blob.
+        encode_batch: buffered records at which the cache's thread wakes the drain thread to
+            join and queue them (before its ``interval_s``); it wakes it again at every
+            multiple.
         encoder: ``"native"`` (the C ``Sink``; the default where it was built) or
             ``"python"``; both write the same bytes.
     """
@@ -158,12 +162,15 @@ class TelemetryRecorder(FlightRecorder):
         return len(self._parts) + self._chunked + (0 if self._sink is None else self._sink.n)
 
     def _set_limit(self) -> None:
-        """The records the sink may still take before it calls ``_full``: up to a batch, and
-        no more than the capacity leaves (callers hold ``_buf_lock``, or own the recorder)."""
+        """The records the sink may still take before it calls ``_full``: up to the next
+        multiple of ``encode_batch`` records buffered (where the drain thread is woken), and no
+        more than the capacity leaves (callers hold ``_buf_lock``, or own the recorder)."""
         sink = self._sink
         if sink is not None:
             held = len(self._parts) + self._chunked
-            sink.limit = min(self.encode_batch, self._capacity - self.queued) - held
+            batch = self.encode_batch
+            due = (held + sink.n) // batch * batch + batch
+            sink.limit = min(due, self._capacity - self.queued) - held
 
     # ---- the cache-facing interface -------------------------------------------------------
     def attach(self, info: dict, snapshot: Any) -> None:
@@ -179,8 +186,8 @@ class TelemetryRecorder(FlightRecorder):
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
         """The hot path on the Python encoder (the native one replaces this method on the
-        instance): reduce, encode, append (queued by the drain thread, or here once
-        ``encode_batch`` records wait). Never raises."""
+        instance): reduce, encode, append (queued by the drain thread, woken every
+        ``encode_batch`` records). Never raises."""
         try:
             parts = self._parts
             if self.queued + len(parts) + self._chunked < self._capacity:
@@ -194,8 +201,8 @@ class TelemetryRecorder(FlightRecorder):
                     parts.append(_MARSHAL(rec, _MARSHAL_VERSION))
                 except ValueError:
                     parts.append(rec)  # joined by join_encoded's fallback
-                if len(parts) + self._chunked >= self.encode_batch:
-                    self.seal()
+                if (len(parts) + self._chunked) % self.encode_batch == 0:
+                    self.wake.set()  # a batch is due: the drain thread joins and queues it
             else:
                 self._overflow(op, mutations)
             self._recorded_seq = op[7]  # seq_last
@@ -205,15 +212,15 @@ class TelemetryRecorder(FlightRecorder):
             self.health.drop(DROP_MUTATION, _safe_len(mutations))
 
     def _full(self, op: tuple, mutations: list[tuple]) -> None:
-        """The sink's buffer reached its limit: seal it when a batch is due, then let the sink
-        take the record, or apply the overflow policy. Never raises."""
+        """The sink's buffer reached its limit: a batch is due (the drain thread is woken to
+        join and queue it, and the sink takes the record), or the capacity is reached (the
+        overflow policy). Never raises."""
         try:
-            if self.buffered() >= self.encode_batch:
-                self.seal()
             with self._buf_lock:
                 self._set_limit()
             sink = self._sink
             if sink.n < sink.limit:
+                self.wake.set()
                 sink(op, mutations)
             else:
                 self._overflow(op, mutations)

@@ -235,6 +235,29 @@ def test_a_recorder_on_the_sink_ships_what_one_on_the_python_encoder_ships(
 
 
 @pytest.mark.parametrize("encoder", ["native", "python"])
+def test_the_cache_thread_wakes_the_drain_thread_for_a_batch_and_never_joins_one(
+        encoder: str) -> None:
+    """A batch due (``encode_batch`` records buffered) wakes the drain thread, at every
+    multiple; the cache's thread queues nothing itself (a join of megabytes into fresh pages
+    stalled one op for up to 12 ms), and what the drain thread seals later ships whole, in
+    order."""
+    if encoder == "native":
+        needs_native()
+    rec = TelemetryRecorder(Health(), encode_batch=4, encoder=encoder)
+    feed(rec, workload()[:3])
+    assert not rec.wake.is_set()
+    feed(rec, workload()[3:5])
+    assert rec.wake.is_set() and not rec.pending and rec.buffered() == 5
+    rec.wake.clear()
+    feed(rec, workload()[5:7])
+    assert not rec.wake.is_set()
+    feed(rec, workload()[7:9])
+    assert rec.wake.is_set() and not rec.pending and rec.buffered() == 9
+    assert [r[0] for r in shipped(rec)] == list(range(9))
+    assert rec.health.snapshot()["dropped"][DROP_OP] == 0
+
+
+@pytest.mark.parametrize("encoder", ["native", "python"])
 def test_a_full_recorder_drops_and_counts_on_either_encoder(encoder: str) -> None:
     if encoder == "native":
         needs_native()

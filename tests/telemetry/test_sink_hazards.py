@@ -207,14 +207,18 @@ def test_a_blocked_record_sees_the_room_a_drain_made_before_it_waited(encoder: s
                             encode_batch=1, encoder=encoder)
 
     class Wake(threading.Event):
+        armed = False  # (the wakes of the batches due before the queue is full: no drain)
+
         def set(self) -> None:  # the drain thread runs right here, before the wait
             super().set()
-            rec.seal()
-            rec.take(1 << 30)
+            if self.armed:
+                rec.seal()
+                rec.take(1 << 30)
 
     rec.wake = Wake()
     rec.record(op(0), [])
     rec.record(op(1), [])  # the queue is full
+    rec.wake.armed = True
     t0 = time.monotonic()
     rec.record(op(2), [])
     assert time.monotonic() - t0 < 2.5
