@@ -30,8 +30,8 @@ def paired_costs(base: list[dict], tel: list[dict]) -> list[float]:
     (baseline)`` for the i-th batch of each. The two caches run the same requests in the same
     order, batch i of one right after batch i of the other, so a slow spell of the machine
     falls on both of a pair more often than on the best batch of each (the ratio of best
-    batches, on this project's noisy 2-core machines, moved from 4.6 % to 16.1 % between two
-    runs of one commit at 100 k nodes); their median is what the target is judged on."""
+    batches, on this project's noisy 2-core machines, read 4.6 % and 16.1 % in two runs of the
+    same hot path at 100 k nodes); their median is what the target is judged on."""
     return [1 - timed_ops_s(t) / timed_ops_s(b) for b, t in zip(base, tel, strict=True)]
 
 
