@@ -282,6 +282,14 @@ class TelemetryRecorder(FlightRecorder):
             # the sink first: what it holds was recorded after every part already in _parts,
             # and before any part the cache thread appends from now on (a part is appended only
             # after _move_sink emptied the sink, which needs this lock)
+            if self._sink is not None and self._sink.n and not self._parts:
+                # the common case, every record the sink's: its batch whole, with one copy of
+                # ~3 MB where joining a part would take two, each holding the GIL
+                m, blob = self._sink.take_batch()
+                self.pending.append((m, blob))
+                self.queued += m
+                self._set_limit()
+                return
             m, data = self._sink.take() if self._sink is not None and self._sink.n else (0, b"")
             parts = self._parts
             k = len(parts)

@@ -5,9 +5,10 @@
   the cache.
 - ``ProcessTransport``: the sinks run in a separate writer process (``telemetry/sinks/writer_process.py``,
   a fresh interpreter, so it is safe under threads and CUDA). Message batches are pickled onto
-  a pipe; when the pipe is full the drain thread waits, the recorder's queue grows
-  and its overflow policy applies: backpressure never reaches the cache except through that
-  policy. ``flush`` and ``close`` wait for the writer's acknowledgement.
+  a pipe, their record blobs out of band (``writer_process.send_message``); when the pipe is
+  full the drain thread waits, the recorder's queue grows and its overflow policy applies:
+  backpressure never reaches the cache except through that policy. ``flush`` and ``close``
+  wait for the writer's acknowledgement.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.sinks.fanout import Fanout
-from radixscope.telemetry.sinks.writer_process import WriterSpec
+from radixscope.telemetry.sinks.writer_process import WriterSpec, send_message
 
 # the writer's module by its own name, so the child imports the same installed package
 _BOOT = (f"import sys; from {WriterSpec.__module__} import main_from_fds; "
@@ -86,6 +88,7 @@ class ProcessTransport:
             os.close(data_r)
             os.close(ack_w)
         self._out = Connection(data_w, readable=False)
+        self._send_lock = threading.Lock()
         self._acks = Connection(ack_r, writable=False)
         self._token = 0
         self._dead = False
@@ -96,9 +99,9 @@ class ProcessTransport:
     def send(self, messages: list[tuple]) -> None:
         if self._dead:
             raise WriterGone(f"telemetry writer process is gone ({self.writer_error})")
-        data = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._out.send_bytes(data)
+            with self._send_lock:  # one message's frames back to back
+                send_message(self._out, messages)
         except OSError as e:
             self._dead = True
             self.writer_error = f"pipe closed: {e}"

@@ -172,6 +172,42 @@ def test_the_limit_sends_calls_to_full_and_the_buffer_empties_on_take() -> None:
         sink_mod.Sink(3, print, print)
 
 
+def test_take_batch_hands_the_records_over_as_one_marshal_list_and_empties_the_buffer() -> None:
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    assert s.take_batch() == (0, b"[" + bytes(4))  # nothing buffered: an empty list
+    ops = [(op_tuple(i), [(i, i, "node.touch", i, None, None, i)]) for i in range(3)]
+    for op, muts in ops:
+        s(op, muts)
+    peeked = s.peek()
+    n, blob = s.take_batch()
+    assert n == 3 and (s.n, s.nbytes) == (0, 0)
+    assert blob == b"[" + n.to_bytes(4, "little") + peeked[1]  # what join_encoded makes
+    assert decode(blob) == marshal.loads(blob) == [compact(op, m) for op, m in ops]
+    s(op_tuple(9), [])
+    assert decode(s.take_batch()[1]) == [compact(op_tuple(9), [])]
+
+
+def test_take_batch_of_big_batches_swaps_buffers_and_loses_no_record() -> None:
+    """Past 64 KB the sink writes on into its spare buffer while the batch is copied (with the
+    GIL released): batch after batch, of growing and shrinking sizes, each whole and in order,
+    and the records recorded after a take in the next batch."""
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    i = 0
+    for size in (2_000, 5_000, 300, 9_000, 2_000, 1, 4_000):
+        ops = []
+        for _ in range(size):
+            ops.append((op_tuple(i), [(i, i, "node.create", i, None, None, (1, None, b"k" * 40))]))
+            s(*ops[-1])
+            i += 1
+        n, blob = s.take_batch()
+        assert n == size and (s.n, s.nbytes) == (0, 0)
+        assert decode(blob) == [compact(op, m) for op, m in ops]
+
+
 def test_the_parent_is_looked_up_once_per_context_and_a_failed_lookup_goes_back() -> None:
     needs_native()
     calls = Calls()

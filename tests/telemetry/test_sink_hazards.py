@@ -75,6 +75,22 @@ def test_a_take_mid_record_gets_the_whole_records_and_the_half_one_completes_aft
     assert n == 1 and [r[0] for r in part_records(Chunk(n, data))] == [1]
 
 
+@pytest.mark.parametrize("before", [1, 2_000], ids=["in place", "buffers swapped"])
+def test_a_take_batch_mid_record_gets_the_whole_records_and_the_half_one_completes_after(
+        before: int) -> None:
+    s = sink()
+    s.limit = 1 << 40
+    for i in range(before):
+        s(op(i, ("x" * 40,)), [])
+    seen = []
+    with finalizer_runs(lambda: seen.append(s.take_batch())):
+        s(op(before, SORTS), [])
+    assert [n for n, _ in seen] == [before]
+    assert [r[0] for r in decode(seen[0][1])] == list(range(before))
+    n, blob = s.take_batch()
+    assert n == 1 and [(r[0], r[8]) for r in decode(blob)] == [(before, SORTS)]
+
+
 def test_a_list_emptied_mid_record_is_handed_back_not_read_freed() -> None:
     back: list = []
     s = sink(back)
