@@ -11,7 +11,9 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("radixscope.cache._native", ["cache/_native.c"], optional=True),
-    Extension("radixscope.cache._ledger", ["cache/_ledger.c"], optional=True),
+    Extension("radixscope.cache._ledger", ["cache/_ledger.c"], depends=["cache/_direct.h"],
+              optional=True),
     Extension("radixscope.cache._leafheap", ["cache/_leafheap.c"], optional=True),
-    Extension("radixscope.telemetry.record._sink", ["telemetry/record/_sink.c"], optional=True),
+    Extension("radixscope.telemetry.record._sink", ["telemetry/record/_sink.c"],
+              depends=["cache/_direct.h"], optional=True),
 ])

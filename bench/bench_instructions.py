@@ -14,7 +14,9 @@ for the ops a variant names (the rest run plainly). Variants:
 
 - ``off``: recording off (the baseline);
 - ``match`` / ``insert`` / ``evict``: one op recorded (its attributes, its mutations, its encode);
-- ``on``: match, insert and evict recorded: the ops issue 17's ops/s counts;
+- ``on``: match, insert and evict recorded: the ops issue 17's ops/s counts (the ledger's
+  records direct: ``cache/_direct.h``);
+- ``nodirect``: as ``on``, with the ledger's ``direct = False`` (tuples made, then encoded);
 - ``all``: every op of a request recorded (lock, alloc and unlock too);
 - ``norec``: as ``on``, the recorder a C callable that keeps nothing (``slice``, a few hundred
   instructions a call): the recorder's encode costs about ``on`` less this;
@@ -49,6 +51,7 @@ VARIANTS = {  # name -> (ops recorded, flags, what it is)
     "insert": (("insert",), (), "insert recorded"),
     "evict": (("evict",), (), "evict recorded"),
     "on": (("match", "insert", "evict"), (), "match + insert + evict recorded"),
+    "nodirect": (("match", "insert", "evict"), ("nodirect",), "on, direct records off"),
     "all": (OPS, (), "every op recorded"),
     "norec": (("match", "insert", "evict"), ("norec",), "on, no recorder"),
     "norec-noattrs": (("match", "insert", "evict"), ("norec", "noattrs"),
@@ -101,6 +104,8 @@ def child(variant: str, requests: int) -> None:
     drop()
     attrs = dict.fromkeys(OP_ATTRS, slice) if "noattrs" in flags else OP_ATTRS
     led = ledger.Ledger(c, slice if "norec" in flags else rec.record, ctx, attrs, True)
+    if "nodirect" in flags:
+        led.direct = False
     use(led, False)
     sites = "nomuts" not in flags
 

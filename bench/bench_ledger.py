@@ -2,12 +2,14 @@
 
 One cache on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests, page
 size 1) with a ``TelemetryRecorder`` that has no drain thread behind it (its buffer dropped
-between batches). Batches alternate three ways (five with ``--steps``) on that same cache, so
+between batches). Batches alternate four ways (six with ``--steps``) on that same cache, so
 its heap, tree and pools are the same for all of them (separate caches differ by their layout
 in memory by a few us):
 
 - ``off``: recording off (the ledger's plain path);
-- ``on``: recording on, on the native ledger (``cache/_ledger.c``);
+- ``on``: recording on, on the native ledger (``cache/_ledger.c``), its records direct (each
+  mutation encoded as it is made, the record handed to the sink in one C call: ``cache/_direct.h``);
+- ``on, direct off``: the same with ``direct = False`` (tuples made and encoded by the sink);
 - ``on, py ledger``: recording on, on ``cache.ledger.PyLedger`` (the same counters carried over).
 
 With ``--steps``, two more on the same cache split ``on`` into its parts:
@@ -74,7 +76,11 @@ def main() -> None:
         c.use_ledger(led)
         c._on = led.on = on
 
-    runs = [("off", native, False), ("on", native, True), ("on, py ledger", python, True)]
+    listed = ledger.Ledger(c, rec.record, recording._CONTEXT, OP_ATTRS, True)
+    listed.direct = False
+    assert native.direct and not listed.direct
+    runs = [("off", native, False), ("on", native, True), ("on, direct off", listed, True),
+            ("on, py ledger", python, True)]
     if args.steps:
         ctx, drop = recording._CONTEXT, DiscardRecorder().record
         runs += [("on, dropped", ledger.Ledger(c, drop, ctx, OP_ATTRS, True), True),

@@ -13,14 +13,30 @@ attribute builder (``attrs[op]``) and the recorder are called with vectorcall. E
 the cache's own methods (``_op_failed``, ``_after_error``, ``_recorder_failed``), called with
 the exception as an argument; the cache is held by a weak reference (no cycle keeps a cache's
 buffers alive). ``LEDGER_ABI`` changes whenever the interface does: ``ledger.py`` refuses a
-build whose number is not its own. */
+build whose number is not its own.
+
+Direct records (``cache/_direct.h``; ``ledger.py`` documents what a caller sees). Where
+``record``'s type carries the table, ``append_mutation`` has the table's ``mutation`` write the
+7-tuple into ``mbuf`` (marshal's list of the op's mutations, five bytes kept in front for the
+list's header) and makes no object; ``record_op`` hands ``record`` the fields and the bytes.
+The state: the op's mutations are either all in ``mbuf`` (``mcount`` of them) or all in
+``muts`` (``listed``, or direct records off), never split. ``to_list`` moves them from the
+first to the second (a value not plain, ``muts`` read, ``direct`` turned off); ``listed`` is
+reset when the op's record is handed over or ``take`` takes the list. Decoding makes tuples, so
+a collection, and a finalizer that records, can run in the middle: the buffer is detached first
+(``detach``), so what the finalizer records goes to an empty buffer or after the decoded ones,
+never into the bytes being read. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <marshal.h>
 #include <structmember.h>
+#include <stdint.h>
 #include <time.h>
 
-#define LEDGER_ABI 2
+#include "_direct.h"
+
+#define LEDGER_ABI 3
 
 typedef struct {
     PyObject_HEAD
@@ -37,7 +53,16 @@ typedef struct {
     PyObject *cur_obj;           /* cur_op as an int object, made once per op (NULL: none) */
     long long cur_obj_val;       /* the value cur_obj holds */
     PyObject *weakreflist;
+    /* direct records (cache/_direct.h): */
+    const rs_direct_api *api;    /* the recorder's table (NULL: it has none) */
+    int direct;                  /* use it (the ``direct`` attribute) */
+    int listed;                  /* the running op's mutations are in ``muts`` */
+    rs_bytes mbuf;               /* else here: marshal's list of them, its header space first */
+    Py_ssize_t mcount;           /* how many */
 } Ledger;
+
+#define LIST_HEAD 5 /* marshal's list header: '[' and the item count (4 bytes, little-endian) */
+static const char EMPTY_LIST[LIST_HEAD] = {'[', 0, 0, 0, 0};
 
 static long long
 now_ns(void)
@@ -66,6 +91,117 @@ owner(Ledger *L)
     if (cache == NULL)
         PyErr_SetString(PyExc_RuntimeError, "the ledger's cache was freed");
     return cache;
+}
+
+/* ---- direct records: the mutations' buffer ----------------------------------------------- */
+
+/* The recorder's direct table, when its type has one of our version (NULL: none; -1 and an
+   error: looking it up raised something other than AttributeError). */
+static int
+find_api(PyObject *record, const rs_direct_api **api)
+{
+    *api = NULL;
+    PyObject *cap = PyObject_GetAttrString((PyObject *)Py_TYPE(record), RS_DIRECT_ATTR);
+    if (cap == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyCapsule_IsValid(cap, RS_DIRECT_CAPSULE)) {
+        const rs_direct_api *got = PyCapsule_GetPointer(cap, RS_DIRECT_CAPSULE);
+        if (got != NULL && got->version == RS_DIRECT_VERSION)
+            *api = got;
+    }
+    Py_DECREF(cap);
+    return 0;
+}
+
+/* Mutations go to the buffer (not to ``muts``) */
+static inline int
+writes_direct(Ledger *L)
+{
+    return L->api != NULL && L->direct && !L->listed;
+}
+
+/* The buffer's mutations handed to ``*b`` (its memory too), the ledger's buffer left empty:
+   done before any Python code runs (a finalizer's mutations then go to a buffer of their own). */
+static void
+detach(Ledger *L, rs_bytes *b, Py_ssize_t *count)
+{
+    *b = L->mbuf;
+    *count = L->mcount;
+    L->mbuf.buf = NULL;
+    L->mbuf.len = LIST_HEAD;
+    L->mbuf.cap = 0;
+    L->mcount = 0;
+}
+
+/* ``b``'s memory back to the ledger for the next op's mutations (when none was written
+   meanwhile, and it is not a burst's), else freed. */
+static void
+reattach(Ledger *L, rs_bytes *b)
+{
+    if (L->mbuf.buf == NULL && b->cap <= (1 << 20)) {
+        L->mbuf.buf = b->buf;
+        L->mbuf.cap = b->cap;
+        L->mbuf.len = LIST_HEAD;
+    }
+    else
+        PyMem_Free(b->buf);
+    b->buf = NULL;
+}
+
+/* ``count`` mutations encoded in ``b`` as their list (the header written here). */
+static const char *
+list_bytes(rs_bytes *b, Py_ssize_t count, Py_ssize_t *len)
+{
+    if (count == 0) {
+        *len = LIST_HEAD;
+        return EMPTY_LIST;
+    }
+    unsigned char *p = (unsigned char *)b->buf;
+    uint32_t u = (uint32_t)count;
+    p[0] = '[';
+    p[1] = (unsigned char)(u & 0xff);
+    p[2] = (unsigned char)((u >> 8) & 0xff);
+    p[3] = (unsigned char)((u >> 16) & 0xff);
+    p[4] = (unsigned char)((u >> 24) & 0xff);
+    *len = b->len;
+    return b->buf;
+}
+
+/* The mutations of ``b`` as the list of tuples the list path makes (``bytes`` where a value was
+   an ``array``: its encoding is the same); a new reference, or NULL. */
+static PyObject *
+decode(rs_bytes *b, Py_ssize_t count)
+{
+    Py_ssize_t len;
+    const char *data = list_bytes(b, count, &len);
+    return PyMarshal_ReadObjectFromString(data, len);
+}
+
+/* The running op goes on in list mode: the buffer's mutations decoded into ``muts`` (first:
+   a finalizer run by the decoding appends its own there, after them), and the rest appended
+   there too, until the op's record is handed over. */
+static int
+to_list(Ledger *L)
+{
+    L->listed = 1;
+    if (L->mcount == 0)
+        return 0;
+    rs_bytes b;
+    Py_ssize_t count;
+    detach(L, &b, &count);
+    PyObject *got = decode(&b, count);
+    reattach(L, &b);
+    if (got == NULL)
+        return -1;
+    PyObject *muts = Py_NewRef(L->muts);
+    int r = PyList_SetSlice(muts, 0, 0, got);
+    Py_DECREF(muts);
+    Py_DECREF(got);
+    return r;
 }
 
 /* The exception being raised, taken (a new reference, its traceback attached), and raised
@@ -215,14 +351,12 @@ run_plain(Ledger *L, PyObject *op, PyObject *fn, PyObject *const *args, Py_ssize
     return out;
 }
 
-/* Build the attributes and hand the record over; failures are reported, never raised. */
-static int
-record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssize_t n,
-          PyObject *rec_head[8], PyObject *muts)
+/* ``attrs[op](cache, out, args)`` (a new reference); a builder that raises is the recorder's
+   failure, and the record gets ``{}``; NULL when that failure must propagate. */
+static PyObject *
+build_attrs(Ledger *L, PyObject *cache, PyObject *op, PyObject *out, PyObject *const *args,
+            Py_ssize_t n)
 {
-    PyObject *cache = owner(L);
-    if (cache == NULL)
-        return -1;
     PyObject *attrs = NULL, *argt = NULL, *table = Py_NewRef(L->attrs);
     PyObject *builder = PyObject_GetItem(table, op); /* self._attrs[op]: __missing__, KeyError(op) */
     Py_DECREF(table);
@@ -234,33 +368,96 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
         Py_DECREF(argt);
     }
     Py_XDECREF(builder);
-    int rc = 0;
-    if (attrs == NULL && (recorder_failed(L, op) < 0 || (attrs = PyDict_New()) == NULL))
-        rc = -1;
-    PyObject *rec = rc < 0 ? NULL : PyTuple_New(10), *last = NULL;
-    if (rec != NULL && (last = PyLong_FromLongLong(L->seq)) == NULL)  /* self.seq, after attrs */
-        Py_CLEAR(rec);
-    if (rec != NULL) {
-        Py_SETREF(rec_head[7], last);
-        for (int i = 0; i < 8; i++)
-            PyTuple_SET_ITEM(rec, i, Py_NewRef(rec_head[i]));
-        PyTuple_SET_ITEM(rec, 8, attrs);
-        attrs = NULL;
-        PyTuple_SET_ITEM(rec, 9, Py_NewRef(Py_None));
-        PyObject *rargs[2] = {rec, muts};
-        PyObject *record = Py_NewRef(L->record);
-        PyObject *r = PyObject_Vectorcall(record, rargs, 2, NULL);
-        Py_DECREF(record);
-        Py_DECREF(rec);
-        if (r != NULL)
-            Py_DECREF(r);
-        else if (recorder_failed(L, op) < 0)
-            rc = -1;
+    if (attrs == NULL && recorder_failed(L, op) == 0)
+        attrs = PyDict_New();
+    return attrs;
+}
+
+/* The op record as the recorder's call takes it: ``OpRecord``'s 10-tuple, error None. */
+static PyObject *
+record_tuple(const rs_op_head *h)
+{
+    PyObject *rec = PyTuple_New(10);
+    if (rec == NULL)
+        return NULL;
+    long long ints[5] = {h->op_id, h->start_ns, h->end_ns, h->seq_first, h->seq_last};
+    int at[5] = {0, 2, 3, 6, 7};
+    for (int i = 0; i < 5; i++) {
+        PyObject *v = PyLong_FromLongLong(ints[i]);
+        if (v == NULL) {
+            Py_DECREF(rec);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(rec, at[i], v);
     }
-    else
-        rc = -1;
+    PyTuple_SET_ITEM(rec, 1, Py_NewRef(h->op));
+    PyTuple_SET_ITEM(rec, 4, Py_NewRef(h->req_id));
+    PyTuple_SET_ITEM(rec, 5, Py_NewRef(h->ctx));
+    PyTuple_SET_ITEM(rec, 8, Py_NewRef(h->attrs));
+    PyTuple_SET_ITEM(rec, 9, Py_NewRef(Py_None));
+    return rec;
+}
+
+/* Build the attributes and hand the record over; failures are reported, never raised.
+   Direct: the record's fields and its mutations' bytes go to the recorder's ``record`` in one C
+   call; where that is not taken, the objects are made (the bytes decoded) and the recorder is
+   called with them as on the list path. */
+static int
+record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssize_t n,
+          rs_op_head *h)
+{
+    /* the op's mutations are taken before the attributes are built: a builder's own go with
+       the next op (its seq still counts in this one's seq_last) */
+    int direct = writes_direct(L);
+    rs_bytes b = {NULL, LIST_HEAD, 0};
+    Py_ssize_t count = 0;
+    PyObject *muts = NULL;
+    if (direct)
+        detach(L, &b, &count);
+    else {
+        PyObject *fresh = PyList_New(0);
+        if (fresh == NULL)
+            return -1;
+        muts = L->muts;
+        L->muts = fresh;
+    }
+    L->listed = 0;
+    int rc = -1;
+    PyObject *attrs = NULL, *rec = NULL, *cache = owner(L);
+    if (cache == NULL || (attrs = build_attrs(L, cache, op, out, args, n)) == NULL)
+        goto done;
+    h->attrs = attrs;
+    h->seq_last = L->seq; /* self.seq, after attrs */
+    PyObject *record = Py_NewRef(L->record);
+    const rs_direct_api *api = L->api; /* (read after the builder ran: it may __init__ us) */
+    int taken = RS_NOT_TAKEN;
+    if (direct && api != NULL) {
+        Py_ssize_t len;
+        const char *data = list_bytes(&b, count, &len);
+        taken = api->record(record, h, data, len);
+    }
+    rc = 0;
+    if (taken != RS_DONE) {
+        if ((direct && (muts = decode(&b, count)) == NULL) || (rec = record_tuple(h)) == NULL)
+            rc = -1;
+        else {
+            PyObject *rargs[2] = {rec, muts};
+            PyObject *r = taken == RS_FAILED ? api->fallback(record, rec, muts)
+                                             : PyObject_Vectorcall(record, rargs, 2, NULL);
+            if (r != NULL)
+                Py_DECREF(r);
+            else if (recorder_failed(L, op) < 0)
+                rc = -1;
+        }
+    }
+    Py_DECREF(record);
+done:
+    if (direct)
+        reattach(L, &b);
+    Py_XDECREF(muts);
     Py_XDECREF(attrs);
-    Py_DECREF(cache);
+    Py_XDECREF(rec);
+    Py_XDECREF(cache);
     return rc;
 }
 
@@ -291,34 +488,19 @@ ledger_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long seq_first = L->seq + 1, start = now_ns();
     PyObject *out = PyObject_Vectorcall(fn, fargs, n, NULL);
     L->depth = 0;
-    long long end = now_ns();
-    PyObject *head[8] = {PyLong_FromLongLong(op_id), op, PyLong_FromLongLong(start),
-                         PyLong_FromLongLong(end), req_id, ctx, PyLong_FromLongLong(seq_first),
-                         PyLong_FromLongLong(L->seq)};
-    int ok = head[0] && head[2] && head[3] && head[6] && head[7];
+    rs_op_head h = {op_id, start, now_ns(), seq_first, 0, op, req_id, ctx, NULL};
     if (out == NULL) {
-        if (ok) {
-            PyObject *cb[9] = {head[0], op, head[2], head[3], req_id, ctx, head[6], NULL, NULL};
+        PyObject *cb[9] = {PyLong_FromLongLong(op_id), op, PyLong_FromLongLong(start),
+                           PyLong_FromLongLong(h.end_ns), req_id, ctx,
+                           PyLong_FromLongLong(seq_first), NULL, NULL};
+        if (cb[0] && cb[2] && cb[3] && cb[6])
             report_and_reraise(L, "_op_failed", cb, 7);
-        }
+        for (int i = 0; i < 7; i++)
+            if (i != 1 && i != 4 && i != 5)
+                Py_XDECREF(cb[i]);
     }
-    else if (!ok) {
+    else if (record_op(L, op, out, fargs, n, &h) < 0)
         Py_CLEAR(out);
-    }
-    else {
-        PyObject *muts = L->muts, *fresh = PyList_New(0);
-        if (fresh == NULL)
-            Py_CLEAR(out);
-        else {
-            L->muts = fresh;
-            if (record_op(L, op, out, fargs, n, head, muts) < 0)
-                Py_CLEAR(out);
-            Py_DECREF(muts);
-        }
-    }
-    for (int i = 0; i < 8; i++)
-        if (i != 1 && i != 4 && i != 5)
-            Py_XDECREF(head[i]);
     Py_DECREF(ctx);
     return out;
 }
@@ -328,6 +510,17 @@ static int
 append_mutation(Ledger *L, PyObject *kind, PyObject *node, PyObject *comp, PyObject *tier,
                 PyObject *value)
 {
+    if (writes_direct(L)) {
+        PyObject *items[5] = {kind, node, comp, tier, value};
+        int r = L->api->mutation(&L->mbuf, L->seq + 1, L->cur_op, items);
+        if (r == RS_DONE) {
+            L->mcount++;
+            L->seq++;
+            return 0;
+        }
+        if (r < 0 || to_list(L) < 0) /* not plain: this op goes on in list mode */
+            return -1;
+    }
     PyObject *t = PyTuple_New(7);
     if (t == NULL)
         return -1;
@@ -511,6 +704,15 @@ static PyObject *
 ledger_take(PyObject *self, PyObject *unused)
 {
     Ledger *L = (Ledger *)self;
+    L->listed = 0;
+    if (L->mcount) { /* direct: decoded (mutations a finalizer makes meanwhile are the next's) */
+        rs_bytes b;
+        Py_ssize_t count;
+        detach(L, &b, &count);
+        PyObject *got = decode(&b, count);
+        reattach(L, &b);
+        return got;
+    }
     PyObject *fresh = PyList_New(0);
     if (fresh == NULL)
         return NULL;
@@ -542,25 +744,62 @@ static PyMemberDef ledger_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* The list itself, as on the list path: the op goes on in list mode (what is appended to it
+   is the op's, until its record is handed over). */
 static PyObject *
 ledger_get_muts(PyObject *self, void *closure)
 {
-    return Py_NewRef(((Ledger *)self)->muts);
+    Ledger *L = (Ledger *)self;
+    if (to_list(L) < 0)
+        return NULL;
+    return Py_NewRef(L->muts);
 }
 
 static int
 ledger_set_muts(PyObject *self, PyObject *value, void *closure)
 {
+    Ledger *L = (Ledger *)self;
     if (value == NULL || !PyList_CheckExact(value)) {
         PyErr_Format(PyExc_TypeError, "muts must be a list, got %R", value);
         return -1;
     }
-    Py_SETREF(((Ledger *)self)->muts, Py_NewRef(value));
+    L->mcount = 0; /* replaced, as the list is */
+    L->mbuf.len = LIST_HEAD;
+    L->listed = 1;
+    Py_SETREF(L->muts, Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
+ledger_get_direct(PyObject *self, void *closure)
+{
+    Ledger *L = (Ledger *)self;
+    return PyBool_FromLong(L->direct && L->api != NULL);
+}
+
+static int
+ledger_set_direct(PyObject *self, PyObject *value, void *closure)
+{
+    Ledger *L = (Ledger *)self;
+    int on = value == NULL ? -1 : PyObject_IsTrue(value);
+    if (on < 0) {
+        if (value == NULL)
+            PyErr_SetString(PyExc_TypeError, "direct cannot be deleted");
+        return -1;
+    }
+    if (!on && L->mcount && to_list(L) < 0) /* the op's mutations so far, as lists have them */
+        return -1;
+    if (on && !L->direct) /* after mutations in the list: direct from the next op */
+        L->listed = PyList_GET_SIZE(L->muts) > 0;
+    L->direct = on;
     return 0;
 }
 
 static PyGetSetDef ledger_getset[] = {
     {"muts", ledger_get_muts, ledger_set_muts, "the running op's mutations", NULL},
+    {"direct", ledger_get_direct, ledger_set_direct,
+     "records go straight to the recorder (cache/_direct.h): True where it allows it and this "
+     "was not set False", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -589,6 +828,9 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
                      attrs);
         return -1;
     }
+    const rs_direct_api *api;
+    if (find_api(record, &api) < 0)
+        return -1;
     PyObject *ref = PyWeakref_NewRef(cache, NULL), *muts = PyList_New(0);
     if (ref == NULL || muts == NULL) {
         Py_XDECREF(ref);
@@ -610,6 +852,11 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
     Py_CLEAR(L->state_sizes);
     L->on = on;
     L->seq = L->op_id = L->cur_op = L->depth = 0;
+    L->api = api;
+    L->direct = 1;
+    L->listed = 0;
+    L->mcount = 0; /* dropped, as the list is */
+    L->mbuf.len = LIST_HEAD;
     return 0;
 }
 
@@ -617,7 +864,11 @@ static PyObject *
 ledger_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     Ledger *L = (Ledger *)type->tp_alloc(type, 0);
-    if (L != NULL && (L->muts = PyList_New(0)) == NULL)
+    if (L == NULL)
+        return NULL;
+    L->mbuf.len = LIST_HEAD;
+    L->direct = 1;
+    if ((L->muts = PyList_New(0)) == NULL)
         Py_CLEAR(L);
     return (PyObject *)L;
 }
@@ -665,6 +916,7 @@ ledger_dealloc(PyObject *self)
         PyObject_ClearWeakRefs(self);
     ledger_clear(self);
     Py_CLEAR(L->muts);
+    PyMem_Free(L->mbuf.buf);
     Py_TYPE(self)->tp_free(self);
 }
 

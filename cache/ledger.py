@@ -29,6 +29,31 @@ handled, as in an ``except`` block.
 little (a call and a tuple either way). The class below runs where the module was not built or
 ``RADIXSCOPE_NATIVE=0`` is set (``LEDGER`` says which); tests/cache/test_ledger.py holds the
 two to one behaviour.
+
+Direct records (the C ledger only). When ``record``'s type carries the C table of
+``cache/_direct.h`` (telemetry's native ``Sink``: the cache imports nothing of telemetry), ``m``
+and ``state`` make no tuple: each mutation is written into the ledger's own buffer as marshal
+writes its 7-tuple, when it is made (so a value is written as it is then: the cache never
+changes a value it recorded), and ``run`` hands the sink the record's fields and those bytes in
+one C call. Everything else runs as described above, on tuples made from the bytes when needed:
+
+- a value that cannot be written without running Python code (a float, an int past 64 bits,
+  a set, a subclass, an object of another type) puts the running op in list mode: the bytes so
+  far are decoded into ``muts`` and the op's later mutations appended there as tuples, until
+  its record is handed over;
+- reading ``muts`` (``pending_mutations()``) does the same, so the list it returns is the op's
+  own, as on the list path; setting it replaces the op's mutations;
+- ``take()`` returns the buffer decoded (a failing op's mutations, ``_op_failed`` reads them so);
+- a record the sink would not append itself (its buffer at its limit, the sink busy mid-record,
+  an attribute it cannot encode, a failed parent lookup) is made into its tuples, the bytes
+  decoded, and handed to the sink's call as before (or to its ``fallback``);
+- a decoded mutation holds ``bytes`` where the list path's tuple held the ``array`` the cache
+  gave (a created node's key): marshal writes both alike, so what the recorder ships is the same
+  byte for byte (tests/telemetry/test_sink_direct.py holds the two paths to that).
+
+``direct`` (read-write, the C ledger only) is True where the recorder allows it and it was not
+set False; False runs the list path throughout (benches compare the two on one cache). A
+re-initialised ledger looks its recorder up again and is direct again where it can be.
 """
 
 from __future__ import annotations
@@ -41,7 +66,7 @@ from collections.abc import Callable
 
 from radixscope.cache.native import load_built
 
-ABI = 2  # _ledger.c's LEDGER_ABI: a build with another number is stale
+ABI = 3  # _ledger.c's LEDGER_ABI: a build with another number is stale
 _time_ns = time.time_ns
 
 

@@ -165,7 +165,8 @@ class Recording:
 
     def pending_mutations(self) -> tuple[tuple, ...]:
         """Mutations made by the op running now and not yet handed to the recorder (a failing
-        op's, before its record is written); plain tuples in ``Mutation`` order."""
+        op's, before its record is written); plain tuples in ``Mutation`` order (with direct
+        records, decoded: ``bytes`` where the cache gave an ``array``; see ``ledger.py``)."""
         return tuple(self._ledger.muts)
 
     def _emit_pool(self, ci: int, tier: int, available: int) -> None:

@@ -28,7 +28,16 @@ Python code can run while a record is half written (marshal's writer sorts a set
 may run a collection and so finalizers; on Python 3.12+ a buffer may be Python's): ``take`` and
 ``peek`` return whole records only and keep the one being written, a call made meanwhile goes to
 ``fallback``, and a list is re-checked item by item. ``SINK_ABI`` changes whenever the
-interface does: ``telemetry/record/sink.py`` refuses a build whose number is not its own. */
+interface does: ``telemetry/record/sink.py`` refuses a build whose number is not its own.
+
+The cache's native ledger calls the sink without making the record's objects, through the C
+table ``cache/_direct.h`` defines and this module puts on ``Sink`` (a capsule in
+``Sink._radixscope_direct_api``): ``direct_mutation`` writes one mutation into the ledger's own
+buffer where that runs no Python code (``encode_plain``: None, bools, ints of 64 bits, strs,
+bytes, ``array.array`` and exact tuples, lists and dicts of those), and ``direct_record``
+appends a record from its fields and those bytes, with ``sink_vectorcall``'s checks: whatever
+that would send to ``full`` or ``fallback`` (at the limit, busy, not encodable) is handed back to
+the ledger, which then calls the sink with the objects. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,6 +46,8 @@ interface does: ``telemetry/record/sink.py`` refuses a build whose number is not
 #include <stdint.h>
 #include <string.h>
 
+#include "../../cache/_direct.h"
+
 #define SINK_ABI 2
 #define MARSHAL_VERSION 2
 #define MAX_DEPTH 64 /* deeper values go to marshal's writer, which has its own limit */
@@ -44,8 +55,7 @@ interface does: ``telemetry/record/sink.py`` refuses a build whose number is not
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    char *buf;
-    Py_ssize_t len, cap;
+    rs_bytes out;     /* the records */
     Py_ssize_t done;  /* bytes of whole records: == len unless a record is being written */
     Py_ssize_t n;     /* records in buf */
     int busy;         /* a record is being written: see ``append`` */
@@ -61,7 +71,7 @@ typedef struct {
 /* ---- the buffer ------------------------------------------------------------------------- */
 
 static int
-reserve(Sink *s, Py_ssize_t more)
+reserve(rs_bytes *s, Py_ssize_t more)
 {
     if (s->cap - s->len >= more)
         return 0;
@@ -84,7 +94,7 @@ reserve(Sink *s, Py_ssize_t more)
 }
 
 static inline int
-put(Sink *s, const void *data, Py_ssize_t size)
+put(rs_bytes *s, const void *data, Py_ssize_t size)
 {
     if (reserve(s, size) < 0)
         return -1;
@@ -94,7 +104,7 @@ put(Sink *s, const void *data, Py_ssize_t size)
 }
 
 static inline int
-put1(Sink *s, char c)
+put1(rs_bytes *s, char c)
 {
     if (s->len >= s->cap && reserve(s, 1) < 0)
         return -1;
@@ -103,7 +113,7 @@ put1(Sink *s, char c)
 }
 
 static inline int
-put_type_int32(Sink *s, char type, int32_t v)
+put_type_int32(rs_bytes *s, char type, int32_t v)
 {
     if (reserve(s, 5) < 0)
         return -1;
@@ -120,11 +130,11 @@ put_type_int32(Sink *s, char type, int32_t v)
 
 /* ---- marshal version 2, the common types -------------------------------------------------- */
 
-static int encode(Sink *s, PyObject *v, int depth);
+static int encode(rs_bytes *s, PyObject *v, int depth);
 
 /* Anything else: marshal's own writer, spliced in. */
 static int
-encode_by_marshal(Sink *s, PyObject *v)
+encode_by_marshal(rs_bytes *s, PyObject *v)
 {
     PyObject *b = PyMarshal_WriteObjectToString(v, MARSHAL_VERSION);
     if (b == NULL)
@@ -137,7 +147,7 @@ encode_by_marshal(Sink *s, PyObject *v)
 /* marshal's TYPE_LONG: the magnitude in 15-bit digits, least significant first, their count
    signed by the value's sign. */
 static int
-encode_long64(Sink *s, long long x)
+encode_long64(rs_bytes *s, long long x)
 {
     unsigned long long mag = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
     int32_t digits = 0;
@@ -175,7 +185,7 @@ compact_int(PyObject *v, long long *out)
 }
 
 static int
-encode_int(Sink *s, PyObject *v)
+encode_int(rs_bytes *s, PyObject *v)
 {
     long long small;
     if (compact_int(v, &small) && small >= INT32_MIN && small <= INT32_MAX)
@@ -192,7 +202,7 @@ encode_int(Sink *s, PyObject *v)
 }
 
 static int
-encode_str(Sink *s, PyObject *v)
+encode_str(rs_bytes *s, PyObject *v)
 {
     Py_ssize_t size;
     const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size);
@@ -210,7 +220,7 @@ encode_str(Sink *s, PyObject *v)
 /* marshal's TYPE_STRING, which it writes for bytes and for any other object with a buffer (a
    created node's tokens, an ``array('Q')``): copied straight from the buffer. */
 static int
-encode_buffer(Sink *s, PyObject *v)
+encode_buffer(rs_bytes *s, PyObject *v)
 {
     Py_buffer view;
     if (PyObject_GetBuffer(v, &view, PyBUF_SIMPLE) < 0) {
@@ -232,7 +242,7 @@ encode_buffer(Sink *s, PyObject *v)
 
 /* A tuple: its items cannot change while it is written (we hold it), so none is held apart. */
 static int
-encode_tuple(Sink *s, PyObject *v, int depth)
+encode_tuple(rs_bytes *s, PyObject *v, int depth)
 {
     Py_ssize_t size = PyTuple_GET_SIZE(v);
     if (size > INT32_MAX) {
@@ -273,7 +283,7 @@ plain(PyObject *v)
    change the dict while it is iterated the second time; any other dict goes to marshal's writer
    whole (the first pass may run code, and stops at the first value that is not plain). */
 static int
-encode_dict(Sink *s, PyObject *v, int depth)
+encode_dict(rs_bytes *s, PyObject *v, int depth)
 {
     Py_ssize_t pos = 0;
     PyObject *k, *x;
@@ -297,7 +307,7 @@ encode_dict(Sink *s, PyObject *v, int depth)
    may change a list: each item is held while it is written, and a list whose size changed fails
    the record (the Python path takes it). */
 static int
-encode_list(Sink *s, PyObject *v, int depth)
+encode_list(rs_bytes *s, PyObject *v, int depth)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(v);
     if (size > INT32_MAX) {
@@ -321,7 +331,7 @@ encode_list(Sink *s, PyObject *v, int depth)
 }
 
 static int
-encode(Sink *s, PyObject *v, int depth)
+encode(rs_bytes *s, PyObject *v, int depth)
 {
     if (v == Py_None)
         return put1(s, 'N');
@@ -344,6 +354,145 @@ encode(Sink *s, PyObject *v, int depth)
     if (PyObject_CheckBuffer(v)) /* no type marshal checks before its buffer case has one */
         return encode_buffer(s, v);
     return encode_by_marshal(s, v);
+}
+
+/* ---- plain values, for the ledger's direct records (cache/_direct.h) ------------------------ */
+
+static PyTypeObject *array_type; /* array.array: a created node's tokens */
+
+static inline int
+encode_ll(rs_bytes *s, long long x)
+{
+    if (x >= INT32_MIN && x <= INT32_MAX)
+        return put_type_int32(s, 'i', (int32_t)x);
+    return encode_long64(s, x);
+}
+
+/* A str that holds a lone surrogate (UTF-8 cannot; marshal writes it "surrogatepass"), or
+   that is not ready. */
+static int
+has_surrogate(PyObject *v)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    if (!PyUnicode_IS_READY(v)) /* a legacy str (not plain: readying it allocates) */
+        return 1;
+#endif
+    int kind = PyUnicode_KIND(v);
+    if (kind == PyUnicode_1BYTE_KIND)
+        return 0;
+    const void *data = PyUnicode_DATA(v);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(v); i < n; i++)
+        if (Py_UNICODE_IS_SURROGATE(PyUnicode_READ(kind, data, i)))
+            return 1;
+    return 0;
+}
+
+/* ``v`` as ``encode`` writes it, where that runs no Python code and calls nothing that can
+   (no marshal writer, no allocation of an object the collector tracks): RS_NOT_PLAIN for
+   anything else, with ``s`` partly written (the caller cuts it back). So nothing can change a
+   container while it is walked, and the bytes are what the same value gives at the op's end
+   (the ledger writes a mutation when it is made; the values the cache records are not changed
+   after, and a test holds the two paths to the same bytes). */
+static int
+encode_plain(rs_bytes *s, PyObject *v, int depth)
+{
+    if (v == Py_None)
+        return put1(s, 'N');
+    if (v == Py_True)
+        return put1(s, 'T');
+    if (v == Py_False)
+        return put1(s, 'F');
+    if (depth > MAX_DEPTH)
+        return RS_NOT_PLAIN;
+    if (PyLong_CheckExact(v)) {
+        long long x;
+        if (!compact_int(v, &x)) {
+            int overflow;
+            x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow)
+                return RS_NOT_PLAIN;
+        }
+        return encode_ll(s, x);
+    }
+    if (PyUnicode_CheckExact(v)) {
+        if (has_surrogate(v)) /* its UTF-8 error would allocate an exception, so may collect */
+            return RS_NOT_PLAIN;
+        Py_ssize_t size;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size); /* kept in the str */
+        if (utf8 == NULL)
+            return -1; /* out of memory */
+        if (size > INT32_MAX || put_type_int32(s, 'u', (int32_t)size) < 0)
+            return size > INT32_MAX ? RS_NOT_PLAIN : -1;
+        return put(s, utf8, size);
+    }
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+        Py_ssize_t size = Py_SIZE(v);
+        PyObject **items = PyTuple_CheckExact(v) ? ((PyTupleObject *)v)->ob_item
+                                                 : ((PyListObject *)v)->ob_item;
+        if (size > INT32_MAX)
+            return RS_NOT_PLAIN;
+        if (put_type_int32(s, PyTuple_CheckExact(v) ? '(' : '[', (int32_t)size) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < size; i++) {
+            int r = encode_plain(s, items[i], depth + 1);
+            if (r != 0)
+                return r;
+        }
+        return 0;
+    }
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *x;
+        if (put1(s, '{') < 0)
+            return -1;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            int r = encode_plain(s, k, depth + 1);
+            if (r == 0)
+                r = encode_plain(s, x, depth + 1);
+            if (r != 0)
+                return r;
+        }
+        return put1(s, '0');
+    }
+    if (PyBytes_CheckExact(v)) {
+        if (PyBytes_GET_SIZE(v) > INT32_MAX)
+            return RS_NOT_PLAIN;
+        if (put_type_int32(s, 's', (int32_t)PyBytes_GET_SIZE(v)) < 0)
+            return -1;
+        return put(s, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+    }
+    if (Py_TYPE(v) == array_type) { /* its buffer is C's: no __buffer__ method runs */
+        Py_buffer view;
+        if (PyObject_GetBuffer(v, &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            return RS_NOT_PLAIN;
+        }
+        int r = view.len > INT32_MAX ? RS_NOT_PLAIN
+                                     : put_type_int32(s, 's', (int32_t)view.len);
+        if (r == 0)
+            r = put(s, view.buf, view.len);
+        PyBuffer_Release(&view);
+        return r;
+    }
+    return RS_NOT_PLAIN;
+}
+
+/* rs_direct_api.mutation: the 7-tuple ``(seq, cur_op, kind, node, comp, tier, value)``, its
+   items at the depth a record's mutation list puts them. */
+static int
+direct_mutation(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items)
+{
+    Py_ssize_t start = out->len;
+    int r = put_type_int32(out, '(', 7);
+    if (r == 0)
+        r = encode_ll(out, seq);
+    if (r == 0)
+        r = encode_ll(out, cur_op);
+    for (int i = 0; r == 0 && i < 5; i++)
+        r = encode_plain(out, items[i], 3);
+    if (r != 0)
+        out->len = start;
+    return r;
 }
 
 /* ---- the call ------------------------------------------------------------------------------ */
@@ -381,7 +530,7 @@ parent_ids(Sink *s, PyObject *ctx)
    applies as it does on the Python path (``encode.decode`` reads such a record back alone when
    the batch's list puts it one level past the limit). */
 static int
-encode_deep(Sink *s, PyObject *op, PyObject *parent, PyObject *muts)
+encode_deep(rs_bytes *s, PyObject *op, PyObject *parent, PyObject *muts)
 {
     PyObject *rec = PyTuple_New(OP_FIELDS + 1);
     if (rec == NULL)
@@ -403,24 +552,48 @@ append(Sink *s, PyObject *op, PyObject *muts)
         return -1;
     /* Python code may run from here to the end of the record (see the module's comment) */
     s->busy = 1;
-    int r = put_type_int32(s, '(', OP_FIELDS + 1);
+    rs_bytes *b = &s->out;
+    int r = put_type_int32(b, '(', OP_FIELDS + 1);
     for (Py_ssize_t i = 0; r == 0 && i < OP_FIELDS; i++)
-        r = encode(s, i == CTX ? parent : PyTuple_GET_ITEM(op, i), 1);
+        r = encode(b, i == CTX ? parent : PyTuple_GET_ITEM(op, i), 1);
     if (r == 0)
-        r = encode(s, muts, 1);
+        r = encode(b, muts, 1);
     if (r == -2) { /* nested deeper than MAX_DEPTH: marshal's own writer, on the whole record */
-        s->len = s->done;
-        r = encode_deep(s, op, parent, muts);
+        b->len = s->done;
+        r = encode_deep(b, op, parent, muts);
     }
     Py_DECREF(parent);
     s->busy = 0;
     if (r < 0) {
-        s->len = s->done; /* take() may have moved the record's start while Python code ran */
+        b->len = s->done; /* take() may have moved the record's start while Python code ran */
         return -1;
     }
-    s->done = s->len;
+    s->done = b->len;
     s->n++;
     return 0;
+}
+
+/* seq_last of an op record, when it is an exact int of 64 bits */
+static void
+note_seq(Sink *s, PyObject *op)
+{
+    if (PyTuple_CheckExact(op) && PyTuple_GET_SIZE(op) == OP_FIELDS) {
+        PyObject *last = PyTuple_GET_ITEM(op, 7);
+        if (PyLong_CheckExact(last)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(last, &overflow);
+            if (!overflow && !(v == -1 && PyErr_Occurred()))
+                s->recorded_seq = v;
+            else if (!overflow)
+                PyErr_Clear();
+        }
+    }
+}
+
+static int
+ready(Sink *s)
+{
+    return s->full != NULL && s->fallback != NULL && s->parent_of != NULL;
 }
 
 static PyObject *
@@ -433,21 +606,11 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
         return NULL;
     }
     PyObject *op = args[0], *muts = args[1], *r = NULL;
-    if (s->full == NULL || s->fallback == NULL || s->parent_of == NULL) {
+    if (!ready(s)) {
         PyErr_SetString(PyExc_RuntimeError, "Sink is not initialised (or was cleared)");
         return NULL;
     }
-    if (PyTuple_CheckExact(op) && PyTuple_GET_SIZE(op) == OP_FIELDS) {
-        PyObject *last = PyTuple_GET_ITEM(op, 7);
-        if (PyLong_CheckExact(last)) {
-            int overflow;
-            long long v = PyLong_AsLongLongAndOverflow(last, &overflow);
-            if (!overflow && !(v == -1 && PyErr_Occurred()))
-                s->recorded_seq = v;
-            else if (!overflow)
-                PyErr_Clear();
-        }
-    }
+    note_seq(s, op);
     /* called from code run mid-record (a finalizer), or not an op record: the Python path */
     if (s->busy || !PyTuple_CheckExact(op) || PyTuple_GET_SIZE(op) != OP_FIELDS
         || !PyList_CheckExact(muts))
@@ -463,13 +626,87 @@ sink_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
     return r;
 }
 
+/* ---- the ledger's direct records (cache/_direct.h) --------------------------------------- */
+
+static PyTypeObject SinkType;
+
+/* rs_direct_api.record: ``append`` from the record's fields, its mutations' bytes copied in;
+   every case ``sink_vectorcall`` would send to ``full`` or ``fallback`` is handed back. */
+static int
+direct_record(PyObject *self, const rs_op_head *h, const char *muts, Py_ssize_t len)
+{
+    if (Py_TYPE(self) != &SinkType || !ready((Sink *)self))
+        return RS_NOT_TAKEN; /* (the call with the objects raises what it raises) */
+    Sink *s = (Sink *)self;
+    s->recorded_seq = h->seq_last;
+    if (s->busy || s->n >= s->limit)
+        return RS_NOT_TAKEN;
+    PyObject *parent = parent_ids(s, h->ctx);
+    if (parent == NULL) {
+        PyErr_Clear();
+        return RS_FAILED;
+    }
+    s->busy = 1; /* Python code may run from here (marshal's writer on an odd attribute) */
+    rs_bytes *b = &s->out;
+    int r = put_type_int32(b, '(', OP_FIELDS + 1);
+    if (r == 0)
+        r = encode_ll(b, h->op_id);
+    if (r == 0)
+        r = encode(b, h->op, 1);
+    if (r == 0)
+        r = encode_ll(b, h->start_ns);
+    if (r == 0)
+        r = encode_ll(b, h->end_ns);
+    if (r == 0)
+        r = encode(b, h->req_id, 1);
+    if (r == 0)
+        r = encode(b, parent, 1);
+    if (r == 0)
+        r = encode_ll(b, h->seq_first);
+    if (r == 0)
+        r = encode_ll(b, h->seq_last);
+    if (r == 0)
+        r = encode(b, h->attrs, 1);
+    if (r == 0)
+        r = put1(b, 'N'); /* error */
+    if (r == 0)
+        r = put(b, muts, len);
+    Py_DECREF(parent);
+    s->busy = 0;
+    if (r < 0) {
+        b->len = s->done;
+        if (r == -2) /* nested deeper than MAX_DEPTH: the call with the objects (encode_deep) */
+            return RS_NOT_TAKEN;
+        PyErr_Clear();
+        return RS_FAILED;
+    }
+    s->done = b->len;
+    s->n++;
+    return RS_DONE;
+}
+
+static PyObject *
+direct_fallback(PyObject *self, PyObject *op, PyObject *muts)
+{
+    Sink *s = (Sink *)self;
+    if (Py_TYPE(self) != &SinkType || !ready(s)) {
+        PyErr_SetString(PyExc_RuntimeError, "Sink is not initialised (or was cleared)");
+        return NULL;
+    }
+    return call_back(s->fallback, op, muts);
+}
+
+static const rs_direct_api direct_api = {
+    RS_DIRECT_VERSION, direct_mutation, direct_record, direct_fallback,
+};
+
 /* ---- methods -------------------------------------------------------------------------------- */
 
 static PyObject *
 contents(Sink *s)
 {
     /* whole records only: a record being written (Python code ran mid-record) stays */
-    PyObject *data = PyBytes_FromStringAndSize(s->buf, s->done);
+    PyObject *data = PyBytes_FromStringAndSize(s->out.buf, s->done);
     if (data == NULL)
         return NULL;
     PyObject *out = Py_BuildValue("(nN)", s->n, data);
@@ -480,15 +717,15 @@ contents(Sink *s)
 static void
 forget_records(Sink *s)
 {
-    if (s->len > s->done) /* a record being written: keep its start */
-        memmove(s->buf, s->buf + s->done, (size_t)(s->len - s->done));
-    s->len -= s->done;
+    if (s->out.len > s->done) /* a record being written: keep its start */
+        memmove(s->out.buf, s->out.buf + s->done, (size_t)(s->out.len - s->done));
+    s->out.len -= s->done;
     s->done = 0;
     s->n = 0;
-    if (s->len == 0 && s->cap > (1 << 24)) { /* a burst grew it: give the memory back */
-        PyMem_Free(s->buf);
-        s->buf = NULL;
-        s->cap = 0;
+    if (s->out.len == 0 && s->out.cap > (1 << 24)) { /* a burst grew it: give the memory back */
+        PyMem_Free(s->out.buf);
+        s->out.buf = NULL;
+        s->out.cap = 0;
     }
 }
 
@@ -516,7 +753,7 @@ static PyObject *
 sink_take_batch(PyObject *self, PyObject *unused)
 {
     Sink *s = (Sink *)self;
-    Py_ssize_t n = s->n, done = s->done, tail = s->len - s->done;
+    Py_ssize_t n = s->n, done = s->done, tail = s->out.len - s->done;
     if (n > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "too many records for one marshal list");
         return NULL;
@@ -529,13 +766,13 @@ sink_take_batch(PyObject *self, PyObject *unused)
     for (int i = 0; i < 4; i++)
         p[1 + i] = (unsigned char)(((uint32_t)n >> (8 * i)) & 0xff);
     char *next = NULL;
-    Py_ssize_t next_cap = s->cap;
+    Py_ssize_t next_cap = s->out.cap;
     if (done >= SWAP_MIN && !s->taking) {
-        if (s->spare != NULL && s->spare_cap >= s->cap) {
+        if (s->spare != NULL && s->spare_cap >= s->out.cap) {
             next = s->spare;
             next_cap = s->spare_cap;
         }
-        else if ((next = PyMem_Malloc((size_t)s->cap)) != NULL)
+        else if ((next = PyMem_Malloc((size_t)s->out.cap)) != NULL)
             PyMem_Free(s->spare); /* too small for this buffer's records, if any */
         if (next != NULL) {
             s->spare = NULL;
@@ -544,17 +781,17 @@ sink_take_batch(PyObject *self, PyObject *unused)
     }
     if (next == NULL) { /* in place: copy, then empty the buffer */
         if (done)
-            memcpy(p + 5, s->buf, (size_t)done);
+            memcpy(p + 5, s->out.buf, (size_t)done);
         forget_records(s);
         return Py_BuildValue("(nN)", n, data);
     }
-    char *full = s->buf;
-    Py_ssize_t full_cap = s->cap;
+    char *full = s->out.buf;
+    Py_ssize_t full_cap = s->out.cap;
     if (tail) /* a record being written (Python code ran mid-record): it goes on in next */
         memcpy(next, full + done, (size_t)tail);
-    s->buf = next;
-    s->cap = next_cap;
-    s->len = tail;
+    s->out.buf = next;
+    s->out.cap = next_cap;
+    s->out.len = tail;
     s->done = 0;
     s->n = 0;
     s->taking = 1;
@@ -662,7 +899,7 @@ sink_dealloc(PyObject *self)
     Sink *s = (Sink *)self;
     PyObject_GC_UnTrack(self);
     sink_clear(self);
-    PyMem_Free(s->buf);
+    PyMem_Free(s->out.buf);
     PyMem_Free(s->spare);
     Py_TYPE(self)->tp_free(self);
 }
@@ -701,7 +938,7 @@ sink_get_n(PyObject *self, void *closure)
 static PyObject *
 sink_get_nbytes(PyObject *self, void *closure)
 {
-    return PyLong_FromSsize_t(((Sink *)self)->len);
+    return PyLong_FromSsize_t(((Sink *)self)->out.len);
 }
 
 static PyObject *
@@ -747,13 +984,29 @@ PyInit__sink(void)
 {
     if (PyType_Ready(&SinkType) < 0)
         return NULL;
-    PyObject *m = PyModule_Create(&sink_module);
-    if (m == NULL)
+    PyObject *arr = PyImport_ImportModule("array");
+    if (arr == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "ABI", SINK_ABI) < 0 ||
-        PyModule_AddType(m, &SinkType) < 0) {
-        Py_DECREF(m);
+    array_type = (PyTypeObject *)PyObject_GetAttrString(arr, "array"); /* kept for good */
+    Py_DECREF(arr);
+    if (array_type == NULL)
+        return NULL;
+    /* the ledger's table, found on the type of the recorder it calls (cache/_direct.h) */
+    PyObject *api = PyCapsule_New((void *)&direct_api, RS_DIRECT_CAPSULE, NULL);
+    if (api == NULL || PyDict_SetItemString(SinkType.tp_dict, RS_DIRECT_ATTR, api) < 0) {
+        Py_XDECREF(api);
         return NULL;
     }
+    PyType_Modified(&SinkType);
+    PyObject *m = PyModule_Create(&sink_module);
+    if (m == NULL || PyModule_AddIntConstant(m, "ABI", SINK_ABI) < 0
+        || PyModule_AddIntConstant(m, "DIRECT_VERSION", RS_DIRECT_VERSION) < 0
+        || PyModule_AddObjectRef(m, "DIRECT_API", api) < 0
+        || PyModule_AddType(m, &SinkType) < 0) {
+        Py_DECREF(api);
+        Py_XDECREF(m);
+        return NULL;
+    }
+    Py_DECREF(api);
     return m;
 }

@@ -5,7 +5,9 @@ straight into one buffer, byte for byte what ``marshal.dumps(record, 2)`` writes
 object made per record (tests/telemetry/test_sink.py checks the bytes against marshal's). Where
 the module was not built (no C compiler at install), is stale (another ``ABI``) or
 ``RADIXSCOPE_NATIVE=0`` is set, ``Sink`` is None and the recorder encodes each record with
-``marshal`` in Python (``TelemetryRecorder.record``); ``ENCODER`` says which runs."""
+``marshal`` in Python (``TelemetryRecorder.record``); ``ENCODER`` says which runs. ``Sink`` also
+carries the C table the cache's native ledger finds on it to hand records over with no tuple
+made (``cache/_direct.h``, "direct records" in ``cache/ledger.py``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,584 @@
+"""Direct records (``cache/_direct.h``): the native ledger writes each mutation into a buffer of
+its own as it is made and hands the op's record to the native sink in one C call. The oracle is
+the same ledger with ``direct = False`` (tuples made, then encoded by the sink): on every workload
+and every case the direct path hands back (a value that is not plain, the sink full or busy, an
+attribute marshal cannot take, a failing or nested op, ``take`` / ``muts`` mid-op, recording or
+direct records turned off mid-op, a freed cache, a ledger or recorder swapped), the sink's bytes
+and what reached the recorder's and the cache's callbacks are the same. The ledger reads the
+clock itself, so each record's two times are zeroed before records are compared; where the
+list path holds an ``array``, a direct one decoded holds its ``bytes`` (marshal writes both
+alike), so values are compared as marshal writes them."""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import datetime
+import gc
+import marshal
+import random
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixscope.cache import HiRadixCache, ledger, recording
+from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.telemetry.record import sink as sink_mod
+from radixscope.telemetry.record.drops import Health
+from radixscope.telemetry.record.encode import Chunk, decode, part_records
+from radixscope.telemetry.record.recorder import TelemetryRecorder
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.kits.require import missing
+
+C = ledger._built
+KEY = array("Q", range(5))  # a created node's tokens: written from its buffer
+CREATE = ("node.create", 3, None, None, (1, None, KEY))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _native() -> None:
+    if C is None or sink_mod.Sink is None:
+        missing("native", "the native ledger or encoder was not built (no C compiler at "
+                "install, or RADIXSCOPE_NATIVE=0)")
+
+
+def _plain(x):
+    if isinstance(x, array):
+        return x.tobytes()
+    if type(x) in (tuple, list):
+        return type(x)(_plain(v) for v in x)
+    if type(x) is dict:
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def wire(x) -> bytes:
+    """``x`` as marshal writes it (an ``array`` and its ``bytes`` alike); where marshal cannot
+    (an odd value), its repr with every ``array`` as its ``bytes``."""
+    try:
+        return marshal.dumps(x, 2)
+    except ValueError:
+        return repr(_plain(x)).encode()
+
+
+def timeless(rec: tuple) -> tuple:
+    return (rec[0], rec[1], 0, 0, *rec[4:])
+
+
+class Owner:
+    """Stands in for the cache: its callbacks, kept as comparable values."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.led = None
+
+    def _op_failed(self, op_id, op, start, end, req_id, ctx, seq_first, error) -> None:
+        # what the cache does: the failing op's record, with the mutations taken
+        self.calls.append(("_op_failed", op_id, op, req_id, seq_first, repr(error),
+                           wire(self.led.take())))
+
+    def _after_error(self, op, error) -> None:
+        self.calls.append(("_after_error", op, repr(error)))
+
+    def _recorder_failed(self, op, error) -> None:
+        self.calls.append(("_recorder_failed", op, type(error).__name__))
+
+
+class Seen:
+    """A native sink whose ``full`` and ``fallback`` keep what reached them."""
+
+    def __init__(self, limit: int = 1 << 40, parent_of=None) -> None:
+        self.back: list[tuple] = []
+        self.lookups = 0
+        self.parent = parent_of or (lambda ctx: (len(str(ctx)), 0, 0, False))
+        self.sink = sink_mod.Sink(lambda o, m: self.back.append(("full", wire(timeless(o)),
+                                                                 wire(m))),
+                                  lambda o, m: self.back.append(("fallback", wire(timeless(o)),
+                                                                 wire(m))),
+                                  self.parent_of)
+        self.sink.limit = limit
+
+    def parent_of(self, ctx):
+        self.lookups += 1
+        return self.parent(ctx)
+
+    def output(self) -> tuple:
+        """The records written (their count, size and each one's bytes, timeless) and the
+        parent lookups made."""
+        n, data = self.sink.peek()
+        return (n, len(data), [wire(timeless(r)) for r in part_records(Chunk(n, data))],
+                self.lookups)
+
+
+def attrs_of(build=None) -> dict:
+    return {"op": build or (lambda cache, out, args: (out, args))}
+
+
+def run_both(scenario, limit: int = 1 << 40, attrs=None, context=None, parent_of=None,
+             python: bool = True) -> tuple:
+    """``scenario(led)`` on a native ledger into a native sink, direct and not (and on
+    ``PyLedger`` when ``python``): what the sink wrote and what reached the callbacks, the same
+    each way; returns it."""
+    got = {}
+    impls = [("direct", C.Ledger), ("listed", C.Ledger)] + ([("python", ledger.PyLedger)]
+                                                             if python else [])
+    for name, impl in impls:
+        seen, owner = Seen(limit, parent_of), Owner()
+        led = owner.led = impl(owner, seen.sink, context, attrs or attrs_of(), True)
+        if impl is C.Ledger:
+            led.direct = name == "direct"
+            assert led.direct is (name == "direct")
+        out = scenario(led)
+        got[name] = (seen.output(), seen.back, owner.calls, out, led.seq, led.op_id)
+    assert got["direct"] == got["listed"]
+    if python:
+        assert got["direct"] == got["python"]
+    return got["direct"]
+
+
+def test_a_ledger_records_directly_only_into_a_native_sink() -> None:
+    owner = Owner()
+    sink = Seen().sink
+    led = C.Ledger(owner, sink, None, {}, True)
+    assert led.direct is True
+    led.direct = False
+    assert led.direct is False
+    led.direct = True
+    assert led.direct is True
+    for record in (lambda o, m: None, TelemetryRecorder(Health(), encoder="python").record):
+        other = C.Ledger(owner, record, None, {}, True)
+        other.direct = True
+        assert other.direct is False  # no table on the recorder's type
+    # a direct ledger decodes what it hands over outside a record: bytes where m got an array
+    led.m(*CREATE)
+    assert led.take() == [(1, 0, *CREATE[:4], (1, None, KEY.tobytes()))]
+    led.direct = False
+    led.m(*CREATE)
+    assert led.take()[0][6][2] is KEY
+
+
+def _capsule(name: bytes, version: int):
+    """A capsule as an extension makes one, holding ``version`` where the table's is."""
+    table = ctypes.create_string_buffer(64)
+    ctypes.c_int.from_buffer(table).value = version
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                   ctypes.c_void_p]
+    return new(ctypes.addressof(table), name, None), table, name
+
+
+@pytest.mark.parametrize("name, version", [(b"radixscope.direct_api", 99),
+                                           (b"another.api", 1)])
+def test_a_recorder_with_another_table_is_called_as_a_callable(name, version) -> None:
+    capsule, *keep = _capsule(name, version)
+    got = []
+
+    class Recorder:
+        _radixscope_direct_api = capsule
+
+        def __call__(self, op, muts) -> None:
+            got.append((op[0], muts))
+
+    owner = Owner()
+    led = C.Ledger(owner, Recorder(), None, attrs_of(), True)
+    assert led.direct is False
+    led.run("op", None, lambda: led.m(*CREATE))
+    assert got == [(1, [(1, 1, *CREATE)])] and got[0][1][0][6][2] is KEY
+
+
+# ---- workloads: a cache, direct or not, ships the same records ----------------------------
+
+def _session(c: HiRadixCache, rng: random.Random, drain) -> None:
+    """Scheduler-shaped ops, host round trips, refused and failing calls; ``drain()`` between
+    some of them."""
+    d, receipts = Driver(c), []
+    for i in range(150):
+        if i % 17 == 16:
+            drain()
+        key = [rng.randint(0, 4) for _ in range(rng.randint(1, 12))]
+        roll = rng.random()
+        try:
+            if roll < 0.35:
+                d.insert(key, req_id=f"r{i}")
+            elif roll < 0.55:
+                m = c.match_prefix(key, req_id="m")
+                if m.needs_load_back and rng.random() < 0.5:
+                    c.load_back(m)
+                    c.poll(wait=True)
+            elif roll < 0.65 and len(c.tree.nodes) > 1:
+                receipts.append(c.lock(rng.choice(sorted(c.tree.nodes)[1:]), owner="o"))
+            elif roll < 0.75 and receipts:
+                c.unlock(receipts.pop(rng.randrange(len(receipts))))
+            elif roll < 0.85:
+                c.evict(rng.randint(1, 10))
+            elif roll < 0.93 and len(c.tree.nodes) > 1:
+                c.backup(rng.choice(sorted(c.tree.nodes)[1:]))
+                c.poll()
+            elif roll < 0.97:
+                with pytest.raises((ValueError, TypeError)):
+                    c.evict(-1)
+            else:
+                with pytest.raises(CacheOutOfMemory):
+                    c.alloc(10_000)
+        except CacheOutOfMemory:
+            pass
+    c.poll(wait=True)
+    c.check()
+
+
+def _shipped(comps, seed: int, direct: bool, swaps: bool) -> tuple:
+    rec = TelemetryRecorder(Health(), encode_batch=7, queue_capacity=50, overflow="drop")
+    c = HiRadixCache(make_config(comps, device_tokens=48, host_tokens=96), recorder=rec)
+    c._ledger.direct = direct
+    assert c._ledger.direct is direct
+    rng, pick = random.Random(seed), random.Random(-seed)  # the workload's, the swaps'
+    blobs: list[bytes] = []
+
+    def drain() -> None:
+        """The recorder's queue drained; with ``swaps``, another ledger, direct or not or
+        Python, the counters carried over (as benches swap them)."""
+        rec.seal()
+        blobs.extend(b for _, b in rec.take(1 << 30))
+        if not swaps:
+            return
+        old = c._ledger
+        new = pick.choice([C.Ledger, C.Ledger, ledger.PyLedger])(
+            c, rec.record, recording._CONTEXT, recording.OP_ATTRS, old.on)
+        new.seq, new.op_id, new.cur_op = old.seq, old.op_id, old.cur_op
+        if isinstance(new, C.Ledger):
+            new.direct = pick.random() < 0.5
+        c.use_ledger(new)
+
+    _session(c, rng, drain)
+    rec.seal()
+    blobs.extend(b for _, b in rec.take(1 << 30))
+    records = [r for b in blobs for r in decode(b)]
+    return ([wire(timeless(r)) for r in records], rec.health.snapshot()["dropped"], c.seq,
+            sum(r[9] is not None for r in records))
+
+
+@pytest.mark.parametrize("comps", COMBOS, ids=COMBO_IDS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_cache_ships_the_same_records_direct_or_not(comps, seed) -> None:
+    """A small queue (some records dropped, counted), batches of 7 (the sink's ``full``), a
+    few ops handed back, errors recorded; and ledgers swapped mid-session."""
+    direct = _shipped(comps, seed, True, False)
+    assert direct == _shipped(comps, seed, False, False)
+    assert len(direct[0]) > 100 and direct[1]["op"] > 0
+    assert direct[3] > 0  # failing ops' records
+    assert direct == _shipped(comps, seed, True, True)
+
+
+def test_pending_mutations_read_mid_op_are_the_ops_own_and_it_ships_the_same() -> None:
+    """The crash window reads ``pending_mutations()`` while an op runs: the op's mutations so
+    far, and the op goes on (and ships) as it would have."""
+    got = []
+    for direct in (True, False):
+        rec = TelemetryRecorder(Health())
+        c = HiRadixCache(make_config(("full",)), recorder=rec)
+        c._ledger.direct = direct
+        d, pending = Driver(c), []
+        d.insert([1, 2, 3, 4], req_id="a")
+        d.insert([1, 2, 5], req_id="b")  # a split
+        touch = c.touch
+
+        def reading(node, touch=touch, c=c, pending=pending) -> None:
+            touch(node)
+            pending.append(wire(c.pending_mutations()))
+
+        c.touch = reading
+        c.match_prefix([1, 2, 3, 4, 9], req_id="m")
+        d.insert([1, 2, 5, 7], req_id="c")
+        rec.seal()
+        records = [timeless(r) for _, b in rec.take(1 << 30) for r in decode(b)]
+        got.append((pending, [wire(r) for r in records]))
+    assert got[0] == got[1]
+    first = marshal.loads(got[0][0][0])
+    assert [m[2] for m in first] == ["node.touch"] and len(got[0][0]) >= 2
+
+
+# ---- the cases the direct path hands back ---------------------------------------------------
+
+class IntLike(int):
+    pass
+
+
+def _deep(n: int):
+    x = 0
+    for _ in range(n):
+        x = (x,)
+    return x
+
+
+NOT_PLAIN = [2.5, 2**70, IntLike(3), {1, 2}, "lone \ud800", _deep(70), {"a": 1.5},
+             bytearray(b"ab"), memoryview(b"abc"), [1, {2: (3, 2.5)}]]
+
+
+@pytest.mark.parametrize("odd", NOT_PLAIN, ids=[type(v).__name__ for v in NOT_PLAIN])
+def test_a_value_that_is_not_plain_sends_its_op_to_the_list_path(odd) -> None:
+    seen = []
+
+    def scenario(led) -> None:
+        def body() -> None:
+            led.m(*CREATE)
+            led.m("k", 4, "full", "device", odd)
+            led.m(*CREATE)
+            if isinstance(led, C.Ledger):  # the op's list: the first decoded, the last kept
+                seen.append((type(led.muts[0][6][2]), led.muts[2][6][2] is KEY))
+
+        led.run("op", "r", body)
+        led.run("op", "r", lambda: led.m(*CREATE))  # the next op direct again
+        led.m(*CREATE)
+        if isinstance(led, C.Ledger):
+            seen.append(type(led.take()[0][6][2]))
+
+    run_both(scenario)
+    assert seen == [(bytes, True), bytes, (array, True), array]
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70) | st.text(max_size=8)
+    | st.floats(allow_nan=False) | st.binary(max_size=8)
+    | st.lists(st.integers(0, 2**64 - 1), max_size=5).map(lambda v: array("Q", v)),
+    lambda inner: st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3), max_leaves=12)
+
+
+@given(ops=st.lists(st.lists(st.tuples(values, values), max_size=5), min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_random_mutations_are_written_as_the_list_path_writes_them(ops) -> None:
+    def scenario(led) -> None:
+        for muts in ops:
+            led.run("op", "r", lambda muts=muts: [led.m("k", node, None, None, v)
+                                                 for node, v in muts])
+
+    run_both(scenario, python=False)
+
+
+def test_a_full_sink_gets_the_records_objects() -> None:
+    def scenario(led) -> None:
+        for i in range(3):
+            led.run("op", f"r{i}", lambda: led.m(*CREATE))
+
+    (n, *_), back, *_ = run_both(scenario, limit=1)
+    assert n == 1 and [b[0] for b in back] == ["full", "full"]
+    assert marshal.loads(back[0][2]) == [(2, 2, *CREATE[:4], (1, None, KEY.tobytes()))]
+
+
+@pytest.mark.parametrize("case", ["attrs", "parent", "deep"])
+def test_a_record_the_sink_cannot_append_takes_the_sinks_own_way(case) -> None:
+    """An attribute marshal cannot take and a failed parent lookup go to the sink's
+    ``fallback``; an attribute nested past the sink's depth goes to marshal's writer."""
+    attrs = {"attrs": datetime.date(2026, 1, 1), "deep": _deep(80)}.get(case, 1)
+
+    def parent_of(ctx):
+        if case == "parent":
+            raise LookupError("no span")
+        return (1, 2, 0, False)
+
+    def scenario(led) -> None:
+        led.run("op", "r", lambda: led.m(*CREATE))
+        led.run("other", "r", lambda: led.m(*CREATE))
+
+    build = {"op": lambda cache, out, args: attrs, "other": lambda cache, out, args: 2}
+    (n, _, records, _), back, *_ = run_both(scenario, attrs=build, parent_of=parent_of)
+    if case == "deep":
+        assert n == 2 and back == []
+    else:
+        assert [b[0] for b in back] == ["fallback"] * (1 + (case == "parent"))
+        assert marshal.loads(back[0][2]) == [(1, 1, *CREATE[:4], (1, None, KEY.tobytes()))]
+
+
+SORTS = frozenset(range(50))  # marshal's writer sorts it: allocates, so a collection can run
+
+
+def test_a_busy_sink_hands_the_record_made_meanwhile_to_its_fallback() -> None:
+    """The op's attribute is written by marshal's writer, which collects; a finalizer then runs
+    a whole op, whose record finds the sink mid-record."""
+    class Cycle:
+        def __del__(self) -> None:
+            led = Cycle.led
+            led.run("op", "inner", lambda: led.m(*CREATE))
+
+    def build(cache, out, args):
+        if out != "outer":
+            return 1
+        gc.collect()  # counts from zero: the next collection is inside the sort
+        c = Cycle()
+        c.me = c
+        return (SORTS,)
+
+    def scenario(led) -> None:
+        Cycle.led = led
+        old = gc.get_threshold()
+        gc.set_threshold(20)
+        try:
+            led.run("op", "outer", lambda: led.m(*CREATE) or "outer")
+        finally:
+            gc.set_threshold(*old)
+
+    (n, _, records, _), back, *_ = run_both(scenario, attrs={"op": build}, python=False)
+    assert n == 1 and marshal.loads(records[0])[4] == "outer"
+    assert [(b[0], marshal.loads(b[1])[4]) for b in back] == [("fallback", "inner")]
+    assert marshal.loads(back[0][2]) == [(2, 2, *CREATE[:4], (1, None, KEY.tobytes()))]
+
+
+def test_a_failing_op_leaves_its_mutations_for_op_failed() -> None:
+    def scenario(led) -> None:
+        def body() -> None:
+            led.m(*CREATE)
+            led.m("k", 1, None, None, 2.5)
+            raise ValueError("bad 7")
+
+        with pytest.raises(ValueError):
+            led.run("op", "r", body)
+        led.run("op", "r", lambda: led.m(*CREATE))
+
+    out, back, calls, *_ = run_both(scenario)
+    assert [c[0] for c in calls] == ["_op_failed"] and len(marshal.loads(calls[0][6])) == 2
+    assert out[0] == 1
+
+
+def test_nested_ops_and_take_and_muts_mid_op_and_recording_turned_off() -> None:
+    seen = []
+
+    def scenario(led) -> None:
+        def inner() -> None:
+            led.m("inner", 1, None, None, None)
+
+        def body() -> None:
+            led.m(*CREATE)
+            led.run("op", "nested", inner)
+            taken = led.take()
+            led.m("after take", 1, None, None, 1)
+            live = led.muts  # pending_mutations() reads it: the op's own list from now on
+            led.m("after muts", 1, None, None, KEY)
+            seen.append((wire(taken), wire(live), live is led.muts))
+            led.on = False
+            led.m("off", 1, None, None, 3)
+            led.on = True
+
+        led.run("op", "r", body)
+        led.run("op", "r", lambda: led.m(*CREATE))
+
+    (n, _, records, _), *_ = run_both(scenario)
+    assert n == 2 and [m[2] for m in marshal.loads(records[0])[10]] == ["after take",
+                                                                         "after muts"]
+    assert [[m[2] for m in marshal.loads(x)] for x in seen[0][:2]] == \
+        [["node.create", "inner"], ["after take", "after muts"]] and seen[0][2]
+    assert len(set(seen)) == 1  # the same on each ledger
+
+
+def test_direct_records_turned_off_and_on_mid_op_keep_the_order() -> None:
+    def scenario(led) -> None:
+        def body() -> None:
+            led.m(*CREATE)
+            if isinstance(led, C.Ledger):
+                led.direct = not led.direct
+            led.m("second", 1, None, None, KEY)
+            if isinstance(led, C.Ledger):
+                led.direct = not led.direct
+            led.m("third", 1, None, None, KEY)
+
+        led.run("op", "r", body)
+        led.run("op", "r", body)
+
+    (n, _, records, _), *_ = run_both(scenario)
+    assert [[m[2] for m in marshal.loads(r)[10]] for r in records] == \
+        [["node.create", "second", "third"]] * 2
+
+
+def test_a_builders_mutations_and_a_recorder_swapped_mid_op_behave_as_before() -> None:
+    """A builder's mutation goes with the next op; an ``__init__`` mid-op (another recorder)
+    drops what the op recorded before it and hands the record to the new recorder."""
+    def build(cache, out, args):
+        cache.led.m("from attrs", 9, None, None, KEY)
+        return ()
+
+    got = []
+    for impl, direct in ((C.Ledger, True), (C.Ledger, False), (ledger.PyLedger, None)):
+        seen, other, owner = Seen(), Seen(), Owner()
+        led = owner.led = impl(owner, seen.sink, None, {"op": build}, True)
+        if direct is not None:
+            led.direct = direct
+
+        def body(led=led, owner=owner, other=other) -> None:
+            led.m(*CREATE)
+            led.__init__(owner, other.sink, None, {"op": build}, True)
+            led.m("after init", 1, None, None, KEY)
+
+        led.run("op", "r", lambda led=led: led.m(*CREATE))
+        led.run("op", "r", body)
+        led.run("op", "r", lambda: None)
+        got.append((seen.output(), other.output(), owner.calls))
+    assert got[0] == got[1] == got[2]
+    (n, _, first, _), (m, _, moved, _), _ = got[0]
+    assert n == 1 and [x[2] for x in marshal.loads(first[0])[10]] == ["node.create"]
+    assert m == 2 and [[x[2] for x in marshal.loads(r)[10]] for r in moved] == \
+        [["after init"], ["from attrs"]]
+
+
+def test_a_freed_cache_fails_the_op_as_before() -> None:
+    for direct in (True, False):
+        owner, seen = Owner(), Seen()
+        led = C.Ledger(owner, seen.sink, None, attrs_of(), True)
+        led.direct = direct
+        del owner
+        gc.collect()
+        with pytest.raises(RuntimeError, match="the ledger's cache was freed"):
+            led.run("op", "r", lambda led=led: led.m(*CREATE))
+        assert seen.output()[0] == 0 and led.take() == [] and led.seq == 1
+        led.m(*CREATE)
+        assert len(led.take()) == 1
+
+
+def test_a_finalizer_recording_while_the_buffer_is_decoded_keeps_the_order() -> None:
+    """Decoding the buffer (a value not plain, ``take``) makes tuples, so a collection and a
+    finalizer that records can run in the middle: its mutation comes after the decoded ones."""
+    seen = Seen()
+    owner = Owner()
+    led = C.Ledger(owner, seen.sink, None, attrs_of(), True)
+
+    class Cycle:
+        def __del__(self) -> None:
+            led.m("finalizer", 1, None, None, None)
+
+    values = [(i, None, KEY) for i in range(40)]
+    for decode_by in ("not plain", "take"):
+        for v in values:
+            led.m("node.create", 3, None, None, v)
+        gc.collect()
+        old = gc.get_threshold()
+        c = Cycle()
+        c.me = c
+        del c
+        gc.set_threshold(20)
+        try:
+            if decode_by == "take":
+                got = led.take()
+            else:
+                led.m("odd", 1, None, None, 2.5)
+                got = led.take()
+        finally:
+            gc.set_threshold(*old)
+        got += led.take()
+        kinds = [m[2] for m in got]
+        assert "finalizer" in kinds and kinds[:40] == ["node.create"] * 40
+        assert [m[0] for m in got] == sorted(m[0] for m in got)
+
+
+def test_the_context_reaches_the_sinks_parent_lookup_directly() -> None:
+    var = contextvars.ContextVar("ctx", default="outer-span")
+
+    def scenario(led) -> None:
+        led.run("op", "r", lambda: None)
+        token = var.set("inner-span-longer")
+        try:
+            led.run("op", "r", lambda: led.m(*CREATE))
+        finally:
+            var.reset(token)
+
+    (n, _, records, _), *_ = run_both(scenario, context=var)
+    assert [marshal.loads(r)[5] for r in records] == [(10, 0, 0, False), (17, 0, 0, False)]
