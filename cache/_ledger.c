@@ -55,6 +55,7 @@ typedef struct {
     PyObject *weakreflist;
     /* direct records (cache/_direct.h): */
     const rs_direct_api *api;    /* the recorder's table (NULL: it has none) */
+    PyObject *api_holder;        /* the capsule it is in */
     int direct;                  /* use it (the ``direct`` attribute) */
     int listed;                  /* the running op's mutations are in ``muts`` */
     rs_bytes mbuf;               /* else here: marshal's list of them, its header space first */
@@ -96,11 +97,13 @@ owner(Ledger *L)
 /* ---- direct records: the mutations' buffer ----------------------------------------------- */
 
 /* The recorder's direct table, when its type has one of our version (NULL: none; -1 and an
-   error: looking it up raised something other than AttributeError). */
+   error: looking it up raised something other than AttributeError), and the capsule holding it
+   (a new reference, kept while the table is used: a type's attribute can be replaced). */
 static int
-find_api(PyObject *record, const rs_direct_api **api)
+find_api(PyObject *record, const rs_direct_api **api, PyObject **holder)
 {
     *api = NULL;
+    *holder = NULL;
     PyObject *cap = PyObject_GetAttrString((PyObject *)Py_TYPE(record), RS_DIRECT_ATTR);
     if (cap == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -110,8 +113,11 @@ find_api(PyObject *record, const rs_direct_api **api)
     }
     if (PyCapsule_IsValid(cap, RS_DIRECT_CAPSULE)) {
         const rs_direct_api *got = PyCapsule_GetPointer(cap, RS_DIRECT_CAPSULE);
-        if (got != NULL && got->version == RS_DIRECT_VERSION)
+        if (got != NULL && got->version == RS_DIRECT_VERSION) {
             *api = got;
+            *holder = cap;
+            return 0;
+        }
     }
     Py_DECREF(cap);
     return 0;
@@ -172,13 +178,23 @@ list_bytes(rs_bytes *b, Py_ssize_t count, Py_ssize_t *len)
 }
 
 /* The mutations of ``b`` as the list of tuples the list path makes (``bytes`` where a value was
-   an ``array``: its encoding is the same); a new reference, or NULL. */
+   an ``array``: its encoding is the same); a new reference, or NULL.
+
+   With the collector off meanwhile: the callers decode mutations they detached from the ledger,
+   and making the tuples could otherwise run a collection and so a finalizer that records,
+   takes or runs an op while they are in neither the buffer nor ``muts`` (``to_list`` then put
+   them back into an op already handed over, or a ``take`` missed them: a seq gap in the
+   stream). Only plain values are decoded, so no other Python code runs here. */
 static PyObject *
 decode(rs_bytes *b, Py_ssize_t count)
 {
     Py_ssize_t len;
     const char *data = list_bytes(b, count, &len);
-    return PyMarshal_ReadObjectFromString(data, len);
+    int was_on = PyGC_Disable();
+    PyObject *out = PyMarshal_ReadObjectFromString(data, len);
+    if (was_on)
+        PyGC_Enable();
+    return out;
 }
 
 /* The running op goes on in list mode: the buffer's mutations decoded into ``muts`` (first:
@@ -430,6 +446,7 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
     h->seq_last = L->seq; /* self.seq, after attrs */
     PyObject *record = Py_NewRef(L->record);
     const rs_direct_api *api = L->api; /* (read after the builder ran: it may __init__ us) */
+    PyObject *holder = Py_XNewRef(L->api_holder); /* (the calls below may __init__ us too) */
     int taken = RS_NOT_TAKEN;
     if (direct && api != NULL) {
         Py_ssize_t len;
@@ -451,6 +468,7 @@ record_op(Ledger *L, PyObject *op, PyObject *out, PyObject *const *args, Py_ssiz
         }
     }
     Py_DECREF(record);
+    Py_XDECREF(holder);
 done:
     if (direct)
         reattach(L, &b);
@@ -518,10 +536,11 @@ append_mutation(Ledger *L, PyObject *kind, PyObject *node, PyObject *comp, PyObj
             L->seq++;
             return 0;
         }
-        if (r < 0 || to_list(L) < 0) /* not plain: this op goes on in list mode */
+        if (r < 0)
             return -1;
+        /* not plain: this op goes on in list mode (``to_list`` below) */
     }
-    PyObject *t = PyTuple_New(7);
+    PyObject *t = PyTuple_New(7); /* a collection may run: a finalizer that records or takes */
     if (t == NULL)
         return -1;
     /* every mutation of an op shares its op id: one int object for them all (cur_op is
@@ -546,6 +565,14 @@ append_mutation(Ledger *L, PyObject *kind, PyObject *node, PyObject *comp, PyObj
     PyObject *items[5] = {kind, node, comp, tier, value};
     for (int i = 0; i < 5; i++)
         PyTuple_SET_ITEM(t, 2 + i, Py_NewRef(items[i]));
+    /* in direct mode the buffer's mutations go to ``muts`` first, and the op stays in list mode:
+       only now, after the allocations above, so that a finalizer's ``take`` or op cannot hand
+       ``muts`` over in between and leave this one in a list no record reads (no Python code
+       runs from here to the append) */
+    if (L->api != NULL && L->direct && to_list(L) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
     int r = PyList_Append(L->muts, t);
     Py_DECREF(t);
     if (r < 0)
@@ -829,12 +856,14 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     const rs_direct_api *api;
-    if (find_api(record, &api) < 0)
+    PyObject *holder;
+    if (find_api(record, &api, &holder) < 0)
         return -1;
     PyObject *ref = PyWeakref_NewRef(cache, NULL), *muts = PyList_New(0);
     if (ref == NULL || muts == NULL) {
         Py_XDECREF(ref);
         Py_XDECREF(muts);
+        Py_XDECREF(holder);
         return -1;
     }
     Py_XSETREF(L->cache, ref);
@@ -853,6 +882,7 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
     L->on = on;
     L->seq = L->op_id = L->cur_op = L->depth = 0;
     L->api = api;
+    Py_XSETREF(L->api_holder, holder);
     L->direct = 1;
     L->listed = 0;
     L->mcount = 0; /* dropped, as the list is */
@@ -880,6 +910,7 @@ ledger_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(L->muts);
     Py_VISIT(L->cache);
     Py_VISIT(L->record);
+    Py_VISIT(L->api_holder);
     Py_VISIT(L->ctx_var);
     Py_VISIT(L->ctx_fn);
     Py_VISIT(L->attrs);
@@ -896,6 +927,8 @@ ledger_clear(PyObject *self)
     Ledger *L = (Ledger *)self;
     Py_CLEAR(L->cache);
     Py_CLEAR(L->record);
+    Py_CLEAR(L->api_holder);
+    L->api = NULL;
     Py_CLEAR(L->ctx_var);
     Py_CLEAR(L->ctx_fn);
     Py_CLEAR(L->attrs);

@@ -22,6 +22,7 @@ from typing import Any
 
 from radixscope.cache.events import Mutation, OpRecord
 from radixscope.cache.snapshot import CacheSnapshot, SnapshotBuilder
+from radixscope.telemetry.record.encode import with_token_arrays
 
 _WAIT_S = 0.5
 _POLL_S = 0.01
@@ -108,9 +109,12 @@ def _read(recorder: Any) -> tuple[CacheSnapshot | None, list[OpRecord], list[Mut
 
 
 def _unrecorded(cache: Any, last: int) -> list[Mutation]:
-    """Mutations the cache made but has not handed to the recorder yet (the failing op's)."""
+    """Mutations the cache made but has not handed to the recorder yet (the failing op's).
+    With direct records they were decoded from the ledger's bytes, a created node's tokens as
+    ``bytes``: made an array again, as the recorder's decoding does (replayed as they were,
+    each byte counted a token)."""
     pending = cache.pending_mutations() if hasattr(cache, "pending_mutations") else ()
-    return [Mutation._make(m) for m in pending if m[0] > last]
+    return [Mutation._make(m) for m in with_token_arrays(list(pending)) if m[0] > last]
 
 
 def _gaps(muts: list[Mutation]) -> list[tuple[int, int]]:

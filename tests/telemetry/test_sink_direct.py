@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from radixscope.cache import HiRadixCache, ledger, recording
 from radixscope.cache.errors import CacheOutOfMemory
+from radixscope.telemetry.capture import crash_window as window_
+from radixscope.telemetry.capture.replaycheck import replay_check
 from radixscope.telemetry.record import sink as sink_mod
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.encode import Chunk, decode, part_records
@@ -534,9 +536,10 @@ def test_a_freed_cache_fails_the_op_as_before() -> None:
         assert len(led.take()) == 1
 
 
-def test_a_finalizer_recording_while_the_buffer_is_decoded_keeps_the_order() -> None:
-    """Decoding the buffer (a value not plain, ``take``) makes tuples, so a collection and a
-    finalizer that records can run in the middle: its mutation comes after the decoded ones."""
+def test_a_finalizer_recording_around_a_decode_keeps_the_order() -> None:
+    """Decoding the buffer (a value not plain, ``take``) makes tuples, with the collector off
+    (a finalizer run in the middle would find the mutations detached): a finalizer that records
+    runs before or after it, its mutation after the decoded ones."""
     seen = Seen()
     owner = Owner()
     led = C.Ledger(owner, seen.sink, None, attrs_of(), True)
@@ -563,10 +566,117 @@ def test_a_finalizer_recording_while_the_buffer_is_decoded_keeps_the_order() -> 
                 got = led.take()
         finally:
             gc.set_threshold(*old)
+        gc.collect()
         got += led.take()
         kinds = [m[2] for m in got]
         assert "finalizer" in kinds and kinds[:40] == ["node.create"] * 40
         assert [m[0] for m in got] == sorted(m[0] for m in got)
+
+
+def _collect_in(action, led, during):
+    """``during(led)`` with a finalizer that runs ``action(led)`` at the next collection, which
+    a low threshold makes come at once: inside the decode or the tuple ``during`` makes."""
+    class Cycle:
+        def __del__(self) -> None:
+            action(led)
+
+    gc.collect()
+    old = gc.get_threshold()
+    c = Cycle()
+    c.me = c
+    del c
+    gc.set_threshold(20)
+    try:
+        return during(led)
+    finally:
+        gc.set_threshold(*old)
+        gc.collect()
+
+
+@pytest.mark.parametrize("action", ["take", "op"])
+def test_a_finalizer_taking_or_running_an_op_during_the_switch_to_the_list_leaves_nothing_behind(
+        action) -> None:
+    """An op that meets a value not plain goes on in list mode: its buffered mutations are
+    decoded into ``muts``. A finalizer run by that (a ``take``, an op of its own) took ``muts``
+    in between and left the decoded ones, or the new one, in a list no record read: a seq gap in
+    the stream, the mutations still in ``muts`` after (before the fix: ``r`` shipped 1 of its 42,
+    40 or 1 were left)."""
+    stolen: list = []
+    act = ((lambda led: stolen.extend(m[0] for m in led.take())) if action == "take" else
+           (lambda led: led.run("op", "fin", lambda: led.m("fin", 9, None, None, None))))
+
+    def scenario(led):
+        def body():
+            for i in range(40):
+                led.m("node.create", i, None, None, (i, None, KEY))
+            _collect_in(act, led, lambda led: led.m("odd", 1, None, None, 2.5))
+            led.m("after", 2, None, None, 7)
+
+        led.run("op", "r", body)
+        led.run("op", "r2", lambda: led.m("next", 3, None, None, 1))
+        return wire(led.take())
+
+    run_both(scenario, python=False)  # (the Python ledger's tuples collect at other times)
+    stolen.clear()
+    seen, owner = Seen(), Owner()
+    led = owner.led = C.Ledger(owner, seen.sink, None, attrs_of(), True)
+    assert scenario(led) == wire([])
+    recs = [r for _, blob in [seen.sink.peek()]
+            for r in part_records(Chunk(seen.sink.n, blob))]
+    shipped = [m[0] for r in recs for m in r[10]] + stolen
+    assert sorted(shipped) == list(range(1, led.seq + 1))  # every seq once, none left
+
+
+def test_a_finalizer_running_an_op_while_pending_mutations_are_read_ships_them_once() -> None:
+    """A builder's mutations wait for the next op; the crash window reads them between ops
+    (``pending_mutations``), and a finalizer runs an op during that read's decode: the
+    mutations ship with it, once (before the fix: with neither op, left in ``muts``)."""
+    def build(cache, out, args):
+        if out == "first":
+            for i in range(40):
+                cache.led.m("node.create", i, None, None, (i, None, KEY))
+        return ()
+
+    def scenario(led):
+        led.run("op", "first", lambda: "first")
+        # (what the read returns depends on when the collection comes: not compared)
+        _collect_in(lambda led: led.run("op", "fin", lambda: led.m("fin", 9, None, None, None)),
+                    led, lambda led: list(led.muts))
+        led.run("op", "second", lambda: led.m("second", 3, None, None, 1))
+        return wire(led.take())
+
+    got = run_both(scenario, attrs={"op": build}, python=False)
+    n, blob = got[0][0], got[0][2]
+    assert got[3] == wire([])
+    seqs = sorted(m[0] for r in (marshal.loads(b) for b in blob) for m in r[10])
+    assert seqs == list(range(1, 43)) and n == 3
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "listed"])
+def test_a_capture_mid_op_replays_a_created_nodes_tokens_as_tokens(direct) -> None:
+    """The crash window reads the running op's mutations (``pending_mutations``): decoded from
+    the ledger's bytes, a created node's tokens come back as ``bytes``, which the window made an
+    array again, as the recorder's decoding does (before: replayed as they were, each byte a
+    token, and the capture's replay check failed)."""
+    rec = TelemetryRecorder(Health())
+    c = HiRadixCache(make_config(("full",)), recorder=rec)
+    c._ledger.direct = direct
+    d = Driver(c)
+    d.insert([1, 2, 3, 4], req_id="a")
+    got = []
+    refresh = c.refresh_leaf
+
+    def capturing(node) -> None:
+        refresh(node)
+        if not got:  # while insert runs, its node.create pending
+            got.append((window_.capture(c, rec, None, None, None), c.snapshot()))
+
+    c.refresh_leaf = capturing
+    d.insert([7, 8, 9], req_id="b")
+    win, live = got[0]
+    created = [m for m in win.mutations if m[2] == "node.create"][-1]
+    assert list(created[6][2]) == [7, 8, 9]
+    assert replay_check(win.start, win.ops, win.mutations, live)[1]["ok"]
 
 
 def test_the_context_reaches_the_sinks_parent_lookup_directly() -> None:
