@@ -330,15 +330,20 @@ encode_list(rs_bytes *s, PyObject *v, int depth)
     return 0;
 }
 
+/* None, True or False, written (1, or -1 out of memory); 0 for anything else. */
+static inline int
+put_singleton(rs_bytes *s, PyObject *v)
+{
+    char c = v == Py_None ? 'N' : v == Py_True ? 'T' : v == Py_False ? 'F' : 0;
+    return c == 0 ? 0 : put1(s, c) < 0 ? -1 : 1;
+}
+
 static int
 encode(rs_bytes *s, PyObject *v, int depth)
 {
-    if (v == Py_None)
-        return put1(s, 'N');
-    if (v == Py_True)
-        return put1(s, 'T');
-    if (v == Py_False)
-        return put1(s, 'F');
+    int one = put_singleton(s, v);
+    if (one)
+        return one < 0 ? -1 : 0;
     if (depth > MAX_DEPTH)
         return -2; /* append hands the whole record to marshal: its depth limit is per dump */
     if (PyLong_CheckExact(v))
@@ -396,12 +401,9 @@ has_surrogate(PyObject *v)
 static int
 encode_plain(rs_bytes *s, PyObject *v, int depth)
 {
-    if (v == Py_None)
-        return put1(s, 'N');
-    if (v == Py_True)
-        return put1(s, 'T');
-    if (v == Py_False)
-        return put1(s, 'F');
+    int one = put_singleton(s, v);
+    if (one)
+        return one < 0 ? -1 : 0;
     if (depth > MAX_DEPTH)
         return RS_NOT_PLAIN;
     if (PyLong_CheckExact(v)) {

@@ -15,9 +15,8 @@ import weakref
 import pytest
 
 from radixscope.cache import HiRadixCache, ledger, recording
-from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.cache.events import FlightRecorder
-from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.kits.cachekit import COMBO_IDS, COMBOS, make_config, random_session
 from tests.kits.require import missing, pass_without_native
 
 C = ledger._built
@@ -326,41 +325,6 @@ def test_a_ledger_holds_its_cache_weakly(impl, monkeypatch) -> None:
         led2.run("op", None, lambda: 1)
 
 
-def _session(c: HiRadixCache, seed: int) -> None:
-    """Random scheduler-shaped ops, host round trips and refused calls."""
-    rng, d, receipts = random.Random(seed), Driver(c), []
-    for _ in range(120):
-        key = [rng.randint(0, 3) for _ in range(rng.randint(1, 10))]
-        roll = rng.random()
-        try:
-            if roll < 0.35:
-                d.insert(key, req_id=f"r{seed}")
-            elif roll < 0.55:
-                m = c.match_prefix(key, req_id="m")
-                if m.needs_load_back and rng.random() < 0.5:
-                    c.load_back(m)
-                    c.poll(wait=True)
-            elif roll < 0.65 and len(c.tree.nodes) > 1:
-                receipts.append(c.lock(rng.choice(sorted(c.tree.nodes)[1:]), owner="o"))
-            elif roll < 0.75 and receipts:
-                c.unlock(receipts.pop(rng.randrange(len(receipts))))
-            elif roll < 0.85:
-                c.evict(rng.randint(1, 8))
-            elif roll < 0.93 and len(c.tree.nodes) > 1:
-                c.backup(rng.choice(sorted(c.tree.nodes)[1:]))
-                c.poll()
-            elif roll < 0.97:
-                with pytest.raises((ValueError, TypeError)):  # refused before the op runs
-                    c.evict(-rng.randint(1, 3))
-            else:
-                with pytest.raises(CacheOutOfMemory):  # an op that fails: recorded with it
-                    c.alloc(10_000)
-        except CacheOutOfMemory:
-            pass
-    c.poll(wait=True)
-    c.check()
-
-
 @pytest.mark.parametrize("comps", COMBOS, ids=COMBO_IDS)
 def test_a_cache_on_either_ledger_records_the_same(monkeypatch, comps) -> None:
     if C is None:
@@ -371,7 +335,7 @@ def test_a_cache_on_either_ledger_records_the_same(monkeypatch, comps) -> None:
         rec = FlightRecorder()
         c = HiRadixCache(make_config(comps, device_tokens=48, host_tokens=96), recorder=rec)
         assert type(c._ledger) is impl
-        _session(c, seed=len(comps))
+        random_session(c, random.Random(len(comps)), 120, 3)
         ops, muts = rec.tail()
         tails.append(([(o.op_id, o.op, o.req_id, o.seq_first, o.seq_last, o.attrs, o.error)
                        for o in ops], list(muts), c.seq, c.current_op_id))

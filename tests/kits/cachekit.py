@@ -3,9 +3,13 @@ prefix, and a small request driver that inserts keys the way an engine does."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
 from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.cache.tiers import Tier
 
 COMBOS = [("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba")]
@@ -171,3 +175,44 @@ def seed_001_tree() -> tuple[HiRadixCache, Driver]:
     d.insert([1, 2, 3, 4, 90, 91, 92, 93])
     assert parents(c) == {1: 2, 2: 0, 3: 2} and states(c, "mamba")[2] == "tombstone"
     return c, d
+
+
+def random_session(c: HiRadixCache, rng: random.Random, ops: int, key_max: int,
+                   drain=None) -> None:
+    """Scheduler-shaped ops at random: inserts, matches with load-backs, locks and unlocks,
+    evictions, host round trips, refused calls (raised before the op runs) and failing ones
+    (recorded with their error); ``drain()`` every 17th op when given. Ends polled and
+    checked."""
+    d, receipts = Driver(c), []
+    for i in range(ops):
+        if drain is not None and i % 17 == 16:
+            drain()
+        key = [rng.randint(0, key_max) for _ in range(rng.randint(1, 2 * key_max + 4))]
+        roll = rng.random()
+        try:
+            if roll < 0.35:
+                d.insert(key, req_id=f"r{i}")
+            elif roll < 0.55:
+                m = c.match_prefix(key, req_id="m")
+                if m.needs_load_back and rng.random() < 0.5:
+                    c.load_back(m)
+                    c.poll(wait=True)
+            elif roll < 0.65 and len(c.tree.nodes) > 1:
+                receipts.append(c.lock(rng.choice(sorted(c.tree.nodes)[1:]), owner="o"))
+            elif roll < 0.75 and receipts:
+                c.unlock(receipts.pop(rng.randrange(len(receipts))))
+            elif roll < 0.85:
+                c.evict(rng.randint(1, 2 * key_max + 2))
+            elif roll < 0.93 and len(c.tree.nodes) > 1:
+                c.backup(rng.choice(sorted(c.tree.nodes)[1:]))
+                c.poll()
+            elif roll < 0.97:
+                with pytest.raises((ValueError, TypeError)):  # refused before the op runs
+                    c.evict(-rng.randint(1, 3))
+            else:
+                with pytest.raises(CacheOutOfMemory):  # an op that fails: recorded with it
+                    c.alloc(10_000)
+        except CacheOutOfMemory:
+            pass
+    c.poll(wait=True)
+    c.check()

@@ -24,14 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixscope.cache import HiRadixCache, ledger, recording
-from radixscope.cache.errors import CacheOutOfMemory
 from radixscope.telemetry.capture import crash_window as window_
 from radixscope.telemetry.capture.replaycheck import replay_check
 from radixscope.telemetry.record import sink as sink_mod
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.encode import Chunk, decode, part_records
 from radixscope.telemetry.record.recorder import TelemetryRecorder
-from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config, random_session
+from tests.kits.finalizers import finalizer_runs
 from tests.kits.require import missing
 
 C = ledger._built
@@ -192,44 +192,6 @@ def test_a_recorder_with_another_table_is_called_as_a_callable(name, version) ->
 
 # ---- workloads: a cache, direct or not, ships the same records ----------------------------
 
-def _session(c: HiRadixCache, rng: random.Random, drain) -> None:
-    """Scheduler-shaped ops, host round trips, refused and failing calls; ``drain()`` between
-    some of them."""
-    d, receipts = Driver(c), []
-    for i in range(150):
-        if i % 17 == 16:
-            drain()
-        key = [rng.randint(0, 4) for _ in range(rng.randint(1, 12))]
-        roll = rng.random()
-        try:
-            if roll < 0.35:
-                d.insert(key, req_id=f"r{i}")
-            elif roll < 0.55:
-                m = c.match_prefix(key, req_id="m")
-                if m.needs_load_back and rng.random() < 0.5:
-                    c.load_back(m)
-                    c.poll(wait=True)
-            elif roll < 0.65 and len(c.tree.nodes) > 1:
-                receipts.append(c.lock(rng.choice(sorted(c.tree.nodes)[1:]), owner="o"))
-            elif roll < 0.75 and receipts:
-                c.unlock(receipts.pop(rng.randrange(len(receipts))))
-            elif roll < 0.85:
-                c.evict(rng.randint(1, 10))
-            elif roll < 0.93 and len(c.tree.nodes) > 1:
-                c.backup(rng.choice(sorted(c.tree.nodes)[1:]))
-                c.poll()
-            elif roll < 0.97:
-                with pytest.raises((ValueError, TypeError)):
-                    c.evict(-1)
-            else:
-                with pytest.raises(CacheOutOfMemory):
-                    c.alloc(10_000)
-        except CacheOutOfMemory:
-            pass
-    c.poll(wait=True)
-    c.check()
-
-
 def _shipped(comps, seed: int, direct: bool, swaps: bool) -> tuple:
     rec = TelemetryRecorder(Health(), encode_batch=7, queue_capacity=50, overflow="drop")
     c = HiRadixCache(make_config(comps, device_tokens=48, host_tokens=96), recorder=rec)
@@ -253,7 +215,7 @@ def _shipped(comps, seed: int, direct: bool, swaps: bool) -> tuple:
             new.direct = pick.random() < 0.5
         c.use_ledger(new)
 
-    _session(c, rng, drain)
+    random_session(c, rng, 150, 4, drain)
     rec.seal()
     blobs.extend(b for _, b in rec.take(1 << 30))
     records = [r for b in blobs for r in decode(b)]
@@ -544,28 +506,14 @@ def test_a_finalizer_recording_around_a_decode_keeps_the_order() -> None:
     owner = Owner()
     led = C.Ledger(owner, seen.sink, None, attrs_of(), True)
 
-    class Cycle:
-        def __del__(self) -> None:
-            led.m("finalizer", 1, None, None, None)
-
     values = [(i, None, KEY) for i in range(40)]
     for decode_by in ("not plain", "take"):
         for v in values:
             led.m("node.create", 3, None, None, v)
-        gc.collect()
-        old = gc.get_threshold()
-        c = Cycle()
-        c.me = c
-        del c
-        gc.set_threshold(20)
-        try:
-            if decode_by == "take":
-                got = led.take()
-            else:
+        with finalizer_runs(lambda: led.m("finalizer", 1, None, None, None)):
+            if decode_by == "not plain":
                 led.m("odd", 1, None, None, 2.5)
-                got = led.take()
-        finally:
-            gc.set_threshold(*old)
+            got = led.take()
         gc.collect()
         got += led.take()
         kinds = [m[2] for m in got]
@@ -574,22 +522,12 @@ def test_a_finalizer_recording_around_a_decode_keeps_the_order() -> None:
 
 
 def _collect_in(action, led, during):
-    """``during(led)`` with a finalizer that runs ``action(led)`` at the next collection, which
-    a low threshold makes come at once: inside the decode or the tuple ``during`` makes."""
-    class Cycle:
-        def __del__(self) -> None:
-            action(led)
-
-    gc.collect()
-    old = gc.get_threshold()
-    c = Cycle()
-    c.me = c
-    del c
-    gc.set_threshold(20)
+    """``during(led)`` with ``action(led)`` run by a finalizer at the first collection inside
+    it (the decode or the tuple it makes), and a collection after."""
     try:
-        return during(led)
+        with finalizer_runs(lambda: action(led)):
+            return during(led)
     finally:
-        gc.set_threshold(*old)
         gc.collect()
 
 

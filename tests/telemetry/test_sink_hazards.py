@@ -10,8 +10,6 @@ import datetime
 import gc
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -19,6 +17,7 @@ from radixscope.telemetry.record import sink as sink_mod
 from radixscope.telemetry.record.drops import DROP_OP, Health
 from radixscope.telemetry.record.encode import Chunk, decode, part_records
 from radixscope.telemetry.record.recorder import TelemetryRecorder
+from tests.kits.finalizers import finalizer_runs
 from tests.kits.require import missing
 
 SORTS = (frozenset(range(50)),)  # attrs whose encoding allocates: a collection can run there
@@ -33,26 +32,6 @@ def needs(encoder: str) -> None:
 
 def op(i: int, attrs=(1,), ctx=None) -> tuple:
     return (i, "insert", 0, 0, "r", ctx, i, i, attrs, None)
-
-
-@contextmanager
-def finalizer_runs(action: Callable[[], None]) -> Iterator[None]:
-    """``action`` runs at the next collection, which a low threshold makes come soon: inside
-    the next encoding that allocates."""
-    class Cycle:
-        def __del__(self) -> None:
-            action()
-
-    gc.collect()
-    old = gc.get_threshold()
-    c = Cycle()
-    c.me = c
-    del c
-    gc.set_threshold(20)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 def sink(fallback: list | None = None, parent_of=lambda ctx: (0, 0, 0, False)):
