@@ -22,10 +22,10 @@ list's header) and makes no object; ``record_op`` hands ``record`` the fields an
 The state: the op's mutations are either all in ``mbuf`` (``mcount`` of them) or all in
 ``muts`` (``listed``, or direct records off), never split. ``to_list`` moves them from the
 first to the second (a value not plain, ``muts`` read, ``direct`` turned off); ``listed`` is
-reset when the op's record is handed over or ``take`` takes the list. Decoding makes tuples, so
-a collection, and a finalizer that records, can run in the middle: the buffer is detached first
-(``detach``), so what the finalizer records goes to an empty buffer or after the decoded ones,
-never into the bytes being read. */
+reset when the op's record is handed over or ``take`` takes the list. The buffer is detached
+before anything that can run Python code (``detach``: what a builder or a finalizer records
+meanwhile goes to a buffer of its own), and a decode runs with the collector off (``decode``:
+no finalizer can take or record while the decoded mutations are in neither place). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -197,9 +197,8 @@ decode(rs_bytes *b, Py_ssize_t count)
     return out;
 }
 
-/* The running op goes on in list mode: the buffer's mutations decoded into ``muts`` (first:
-   a finalizer run by the decoding appends its own there, after them), and the rest appended
-   there too, until the op's record is handed over. */
+/* The running op goes on in list mode: the buffer's mutations decoded into the front of
+   ``muts``, and the rest appended there too, until the op's record is handed over. */
 static int
 to_list(Ledger *L)
 {
@@ -732,7 +731,7 @@ ledger_take(PyObject *self, PyObject *unused)
 {
     Ledger *L = (Ledger *)self;
     L->listed = 0;
-    if (L->mcount) { /* direct: decoded (mutations a finalizer makes meanwhile are the next's) */
+    if (L->mcount) { /* direct: the buffer decoded */
         rs_bytes b;
         Py_ssize_t count;
         detach(L, &b, &count);
