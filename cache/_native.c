@@ -286,9 +286,11 @@ out:
 PyDoc_STRVAR(free_pages_doc,
 "free_pages(pages, used, tree, stack, top, clear_tree) -> int\n\n"
 "Return ``pages`` (int64) to the pool: unmark them used (and tree-owned with ``clear_tree``)\n"
-"and push them on the free stack at ``top``. Returns the new top, or, changing nothing, -1\n"
-"when a page is not used (a double free; the caller names it) and -2 when one is out of range\n"
-"(or past an int32 stack's ids) or the stack has no room for them all.");
+"and push them on the free stack at ``top``, last first, so that the next pops hand them out\n"
+"in the order given (a run of pages freed comes back a run). Returns the new top, or,\n"
+"changing nothing, -1 when a page is not used (a double free; the caller names it) and -2\n"
+"when one is out of range (or past an int32 stack's ids) or the stack has no room for them\n"
+"all.");
 
 static PyObject *
 free_pages(PyObject *self, PyObject *args)
@@ -338,7 +340,7 @@ free_pages(PyObject *self, PyObject *args)
             used[pg[i]] = 0;
             if (clear_tree)
                 tree[pg[i]] = 0;
-            stack_set(&b[3], top + i, pg[i]);
+            stack_set(&b[3], top + n - 1 - i, pg[i]);
         }
     }
     result = PyLong_FromLongLong(rc);

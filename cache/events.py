@@ -100,6 +100,7 @@ A_REQUESTED = "requested"
 A_NODES = "nodes"
 A_TOKENS = "tokens"
 A_BYTES = "bytes"
+A_COPY_NS = "copy_ns"  # a CUDA transfer's copies, timed by events on the side stream
 A_TRANSFER = "transfer"
 A_TRANSFER_KIND = "transfer_kind"
 A_ENQUEUED_BY = "enqueued_by"

@@ -135,9 +135,10 @@ def alloc_pages_py(stack: np.ndarray, top: int, out: np.ndarray, used: np.ndarra
 def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: np.ndarray,
                   top: int, clear_tree: bool) -> int:
     """Unmark ``pages`` used (and tree-owned with ``clear_tree``) and push them on the free
-    stack at ``top``. Returns the new top, or, changing nothing, -1 when a page is not used (a
-    double free) and -2 when one is out of range (or past an int32 stack's ids) or the stack
-    has no room."""
+    stack at ``top``, last first: the next pops hand them out in the order given (a run of pages
+    freed comes back a run, which a transfer copies as one DMA: ``copy_runs``). Returns the new
+    top, or, changing nothing, -1 when a page is not used (a double free) and -2 when one is
+    out of range (or past an int32 stack's ids) or the stack has no room."""
     _int64(pages, "pages")
     n = pages.size
     id_max = (1 << (8 * stack.itemsize - 1)) - 1  # the stack's largest id (signed)
@@ -149,7 +150,7 @@ def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: 
     used[pages] = 0
     if clear_tree:
         tree[pages] = 0
-    stack[top:top + n] = pages
+    stack[top:top + n] = pages[::-1]
     return top + n
 
 

@@ -1,6 +1,13 @@
-"""Running transfers: a side CUDA stream with events and pinned staging, or deferred CPU
-copies that run when asked (``poll``, or a reader that needs them). The engine holds what is
-in flight; the cache (``transfers.Transfers``) decides what to copy and acks it."""
+"""Running transfers: copies on a side CUDA stream with events, or deferred CPU copies that
+run when asked (``poll``, or a reader that needs them). The engine holds what is in flight;
+the cache (``transfers.Transfers``) decides what to copy and acks it.
+
+Under CUDA a copy between the device and the (pinned) host pool is one DMA per run of slots
+consecutive on both sides (``copy_runs``): no gather, no staging buffer, no CPU copy, so a
+backup or load-back moves at the speed of a plain pinned copy of the same bytes
+(bench/bench_gpu.py). A device-to-device copy (a MAMBA copy-on-write) gathers and scatters on
+the stream. Each CUDA transfer is timed by a pair of events on the side stream: the ack
+reports the copy's own time (``ev.A_COPY_NS``) beside its submit-to-ack span."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from collections import OrderedDict
 import torch
 
 from radixscope.cache import events as ev
+from radixscope.cache.copy_runs import Memcpy2D, Rows, check_pair, copy_rows, runs
 from radixscope.cache.results import Transfer
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import Tier
@@ -20,60 +28,80 @@ def _tier(name: str) -> Tier:
 
 
 class _Pending:
-    """A submitted transfer not yet acked: its CUDA event (None on CPU), staging buffers, and
-    whether its copies have run (CPU: at ``poll``, or earlier when a reader needed them)."""
+    """A submitted transfer not yet acked: its CUDA events (None on CPU: ``begin`` recorded
+    before its copies, ``event`` after), the device tensors its copies read until ``event``,
+    and whether its copies have run (CPU: at ``poll``, or earlier when a reader needed them)."""
 
-    __slots__ = ("transfer", "event", "started", "nbytes", "staging", "ran")
+    __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "ran")
 
-    def __init__(self, transfer: Transfer, event, started: int, nbytes: int, staging) -> None:
+    def __init__(self, transfer: Transfer, event, started: int, nbytes: int, keep=None,
+                 begin=None) -> None:
         self.transfer = transfer
         self.event = event
+        self.begin = begin
         self.started = started
         self.nbytes = nbytes
-        self.staging = staging
+        self.keep = keep
         self.ran = False
+
+    def copy_ns(self) -> int | None:
+        """The copies' time on the side stream (CUDA, once ``event`` completed), else None."""
+        if self.begin is None:
+            return None
+        return int(self.begin.elapsed_time(self.event) * 1e6)
 
 
 class TransferEngine:
-    """Runs transfers: a side CUDA stream with events, or deferred CPU copies."""
+    """Runs transfers: copies on a side CUDA stream with events, or deferred CPU copies."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self.pending: OrderedDict[int, _Pending] = OrderedDict()
+        # the runtime's 2-D copy (one DMA a run); None: one copy_ per row of a run instead
+        self.memcpy2d = Memcpy2D.load() if self.cuda else None
+        self._rows: dict[int, Rows] = {}  # id(pool) -> its buffer's geometry
+
+    def rows(self, pool) -> Rows:
+        """``pool``'s buffer as rows x slots (cached: a pool keeps its buffer)."""
+        r = self._rows.get(id(pool))
+        if r is None or r.buf is not pool.buf:
+            r = self._rows[id(pool)] = Rows(pool.buf, 2 if pool.buf.dim() == 5 else 0)
+        return r
 
     def submit(self, core: CacheCore, t: Transfer) -> None:
         if not self.cuda:
-            self.pending[t.transfer_id] = _Pending(t, None, 0, 0, None)
+            self.pending[t.transfer_id] = _Pending(t, None, 0, 0)
             return
         started = time.time_ns()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        staging = []
+        stream = self.stream
+        stream.wait_stream(torch.cuda.current_stream())  # what the compute wrote, first
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        keep = []
         nbytes = 0
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(stream):
             for c in t.copies:
                 src = core.pool(core.ci[c.component], _tier(c.src_tier))
                 dst = core.pool(core.ci[c.component], _tier(c.dst_tier))
-                dim = 2 if src.buf.dim() == 5 else 0
                 nbytes += c.src.numel() * src.bytes_per_slot
-                if c.src_tier == ev.TIER_DEVICE and c.dst_tier == ev.TIER_HOST:
-                    # gather on device, land in pinned staging
-                    data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
-                    host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
-                    host.copy_(data, non_blocking=True)
-                    staging.append((dst, dim, c.dst, host))
-                elif c.src_tier == ev.TIER_DEVICE:  # device -> device (a CoW state copy)
+                if c.src_tier == ev.TIER_DEVICE and c.dst_tier == ev.TIER_DEVICE:
+                    # a CoW state copy: gather and scatter on the device
+                    dim = 2 if src.buf.dim() == 5 else 0
                     data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
                     dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), data)
-                    staging.append((None, dim, None, data))
-                else:  # gather on host into pinned memory, scatter on device
-                    data = src.buf.index_select(dim, c.src).pin_memory()
-                    dev = data.to(dst.buf.device, non_blocking=True)
-                    dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), dev)
-                    staging.append((None, dim, None, data))
-        event = torch.cuda.Event()
-        event.record(self.stream)
-        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, staging)
+                    keep.append(data)
+                    continue
+                sr, dr = self.rows(src), self.rows(dst)
+                check_pair(sr, dr)
+                table = runs(c.src, c.dst)
+                if self.memcpy2d is not None:
+                    self.memcpy2d.copy(sr, dr, table, stream.cuda_stream)
+                else:
+                    copy_rows(sr, dr, table)
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, keep, begin)
 
     def make_ready(self, core: CacheCore, tid: int) -> None:
         """Make transfer ``tid``'s device writes visible to work the caller issues next, without
@@ -89,7 +117,8 @@ class TransferEngine:
             torch.cuda.current_stream().wait_event(p.event)
 
     def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
-        """Finished transfers as (transfer, started_ns, bytes), removed from pending."""
+        """Finished transfers as (transfer, started_ns, bytes, copy_ns or None), removed from
+        pending."""
         order = list(self.pending) if ids is None else ids
         done = []
         for tid in order:
@@ -102,11 +131,8 @@ class TransferEngine:
                 if not wait and not p.event.query():
                     continue
                 p.event.synchronize()
-                for dst, dim, idx, host in p.staging:
-                    if dst is not None:
-                        dst.buf.index_copy_(dim, idx, host)
             del self.pending[tid]
-            done.append((p.transfer, p.started, p.nbytes))
+            done.append((p.transfer, p.started, p.nbytes, p.copy_ns()))
         return done
 
     @staticmethod

@@ -305,12 +305,12 @@ class Transfers(CacheCore):
 
     def _poll(self, ids: list[int] | None, wait: bool) -> list[int]:
         out = []
-        for t, started, nbytes in self.engine.collect(self, ids, wait):
-            self._ack(t, started, nbytes)
+        for t, started, nbytes, copy_ns in self.engine.collect(self, ids, wait):
+            self._ack(t, started, nbytes, copy_ns)
             out.append(t.transfer_id)
         return out
 
-    def _ack(self, t: Transfer, started: int, nbytes: int) -> None:
+    def _ack(self, t: Transfer, started: int, nbytes: int, copy_ns: int | None = None) -> None:
         tok = self._begin()
         for rid in t.receipts:
             self.release(self.locks[rid])
@@ -333,6 +333,8 @@ class Transfers(CacheCore):
                  ev.A_ENQUEUED_BY: t.enqueued_by, ev.A_BYTES: nbytes,
                  ev.A_TOKENS: dict(t.amounts()).get(BACKBONE, 0), ev.A_FREED: dict(t.amounts()),
                  ev.A_NODES: len(t.node_ids)}
+        if copy_ns is not None:  # CUDA: the copies' own time on the side stream
+            attrs[ev.A_COPY_NS] = copy_ns
         self.end_transfer(tok, attrs, started or t.created_ns)
 
 

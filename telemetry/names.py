@@ -92,6 +92,7 @@ ATTR_BYTES = "kv_cache.bytes"
 ATTR_TRANSFER_ID = "kv_cache.transfer.id"
 ATTR_TRANSFER_KIND = "kv_cache.transfer.kind"
 ATTR_TRANSFER_ENQUEUED_BY = "kv_cache.transfer.enqueued_by"  # op id of the enqueuing op
+ATTR_TRANSFER_COPY_NS = "kv_cache.transfer.copy_ns"  # CUDA: the copies' time on the side stream
 ATTR_OTHER_PREFIX = "kv_cache.attr"  # namespace for op attrs this version does not know
 
 # events.A_* key -> span attribute. A dict value (per component) becomes one attribute per
@@ -117,6 +118,7 @@ OP_ATTRIBUTES: dict[str, str] = {
     ev.A_TRANSFER: ATTR_TRANSFER_ID,
     ev.A_TRANSFER_KIND: ATTR_TRANSFER_KIND,
     ev.A_ENQUEUED_BY: ATTR_TRANSFER_ENQUEUED_BY,
+    ev.A_COPY_NS: ATTR_TRANSFER_COPY_NS,
     ev.A_EXTRA_KEY: ATTR_EXTRA_KEY,
     ev.A_COMPONENT: ATTR_COMPONENT,
     ev.A_BRANCH: ATTR_MATCH_BRANCH_TOKENS,

@@ -114,7 +114,7 @@ def _install_unlanded(cache, inj) -> None:
                  and eng.pending[tid].event is None
                  and eng.pending[tid].transfer.kind == "load_back"
                  and tid in core.transfers]
-        done = [(eng.pending[tid].transfer, eng.pending[tid].started, 0) for tid in early]
+        done = [(eng.pending[tid].transfer, eng.pending[tid].started, 0, None) for tid in early]
         for tid in early:
             inj.fire(f"load-back {tid} acked before its copy ran",
                      eng.pending[tid].transfer.node_ids)

@@ -1,5 +1,7 @@
 """CUDA paths: device pools on the GPU, pinned host pools, transfers on a side stream with
-events. Skipped without CUDA (see tests/conftest.py)."""
+events (one 2-D DMA a run of slots), the match contract under CUDA (the caller's stream waits
+on a load-back still in flight), and the fuzzer's content checks with the copies on the GPU.
+Skipped without CUDA (see tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,31 +9,39 @@ import pytest
 import torch
 
 from radixscope.cache import HiRadixCache
-from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config
+from radixscope.cache import events as ev
+from radixscope.cache.events import FlightRecorder
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, kv_for, make_config
+from tests.kits.fuzzkit import fuzz
 
 pytestmark = pytest.mark.gpu
 
 
 def gpu_cache(components=("full",), **kw) -> tuple[HiRadixCache, Driver]:
-    c = HiRadixCache(make_config(components, device="cuda", device_tokens=256, host_tokens=512,
-                                 **kw))
+    kw.setdefault("device_tokens", 256)
+    kw.setdefault("host_tokens", 512)
+    c = HiRadixCache(make_config(components, device="cuda", **kw))
     return c, Driver(c)
 
 
 def test_pools_live_on_the_gpu_and_host_pools_are_pinned():
     c, _ = gpu_cache(("full", "swa", "mamba"))
-    for dev, host in zip(c.device_pools, c.host_pools, strict=False):
+    for dev, host in zip(c.device_pools, c.host_pools, strict=True):
         assert dev.buf.is_cuda
         assert not host.buf.is_cuda and host.buf.is_pinned()
     assert c.engine.cuda and c.engine.stream is not None
+    assert c.engine.memcpy2d is not None, "the CUDA runtime's 2-D copy was not found"
 
 
+@pytest.mark.parametrize("two_d", [True, False], ids=["memcpy2d", "rows"])
 @pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
-def test_backup_and_load_back_round_trip_on_the_side_stream(components):
+def test_backup_and_load_back_round_trip_on_the_side_stream(components, two_d):
     c, d = gpu_cache(components)
+    if not two_d:
+        c.engine.memcpy2d = None  # the per-row fallback
     key = list(range(40))
     r = d.insert(key)
-    assert r.backups and c.engine.pending[r.backups[0]][1] is not None  # a CUDA event
+    assert r.backups and c.engine.pending[r.backups[0]].event is not None  # a CUDA event
     assert c.poll(wait=True) == list(r.backups)
     c.evict(10**6)
     m = c.match_prefix(key)
@@ -48,6 +58,60 @@ def test_poll_without_wait_acks_only_finished_transfers():
     r = d.insert(list(range(64)))
     tid = r.backups[0]
     torch.cuda.current_stream().synchronize()
-    c.engine.pending[tid][1].synchronize()
+    c.engine.pending[tid].event.synchronize()
     assert c.poll() == [tid]
     c.check()
+
+
+def test_a_transfer_ack_records_its_copy_time_on_the_side_stream():
+    rec = FlightRecorder()
+    c = HiRadixCache(make_config(("full",), device="cuda", device_tokens=256, host_tokens=512),
+                     recorder=rec)
+    d = Driver(c)
+    key = list(range(64))
+    d.insert(key)
+    c.poll(wait=True)
+    c.evict(10**6)
+    c.poll([c.load_back(c.match_prefix(key)).transfer_id], wait=True)
+    ops, _ = rec.tail()
+    acks = [o for o in ops if o.op == ev.OP_TRANSFER]
+    assert sorted(o.attrs[ev.A_TRANSFER_KIND] for o in acks) == ["backup", "load_back"]
+    for o in acks:
+        ns = o.attrs[ev.A_COPY_NS]
+        assert 0 < ns <= o.end_ns - o.start_ns  # inside its submit-to-ack span
+        assert o.attrs[ev.A_BYTES] == 64 * c.device_pools[0].bytes_per_slot
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_a_match_during_a_load_back_reads_the_loaded_kv_on_the_callers_stream(page):
+    """The contract of ``match_prefix`` under CUDA: the returned slots are readable by work the
+    caller issues next on its stream, with the load-back still running (no poll, no sync).
+    256 MB of KV keep the DMA busy for milliseconds, so a read that did not wait on the
+    transfer's event sees the poison."""
+    n = 1024
+    c, d = gpu_cache(layers=32, heads=8, head_dim=128, page_size=page, device_tokens=2 * n,
+                     host_tokens=2 * n)
+    key = list(range(n))
+    d.insert(key)
+    c.poll(wait=True)
+    c.evict(10**6)
+    c.device_pools[0].buf.fill_(-7.0)  # what an unlanded slot holds
+    lb = c.load_back(c.match_prefix(key))
+    assert lb.transfer_id is not None
+    m = c.match_prefix(key)  # covers the nodes still loading
+    assert m.device_prefix_len == n
+    got = c.device_pools[0].buf.index_select(2, m.device_indices.cuda())  # the caller's stream
+    want = kv_for(key, 0, n, (32, 8, 128))
+    assert torch.equal(got.cpu(), want)
+    c.poll(wait=True)
+    c.check()
+
+
+@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
+def test_fuzz_with_the_copies_on_the_gpu(components, page):
+    """The CI fuzz profile's operations and content checks (every slot a match returns, every
+    CoW, load-backs left in flight and polled out of order) on CUDA pools."""
+    stats = fuzz(components, page, "write_through", seed=21, ops=1500, device="cuda")
+    assert (stats.violations, stats.mismatches) == (0, 0), stats.first_failure
+    assert stats.ops == 1500 and stats.positions > 0

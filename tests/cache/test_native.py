@@ -161,7 +161,7 @@ def test_alloc_and_free_pages_agree_with_the_pure_versions(pages: int, dtype, da
             assert np.array_equal(stack, s0) and np.array_equal(used, u0)
             assert np.array_equal(t, t0)
         else:
-            assert stack[top2:res[0]].tolist() == back.tolist()
+            assert stack[top2:res[0]].tolist() == back.tolist()[::-1]  # last first
             assert not used[back].any()
             assert (not t[back].any()) if clear else np.array_equal(t, t0)
     assert np.array_equal(states[0][0], states[1][0]) and np.array_equal(states[0][1], states[1][1])

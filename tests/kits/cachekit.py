@@ -132,7 +132,7 @@ class Driver:
             k = len(x.key)
             f = x.data[0].values[Tier.DEVICE]
             if f is not None:
-                got = c.device_pools[0].read(f)
+                got = c.device_pools[0].read(f).cpu()
                 want = kv_for(tokens, off, off + k, self._shape(0))
                 assert torch.equal(got, want), f"FULL content mismatch at node {x.id} pos {off}"
                 checked += k
@@ -140,14 +140,14 @@ class Driver:
                 si = c.ci["swa"]
                 s = x.data[si].values[Tier.DEVICE]
                 if s is not None:
-                    got = c.device_pools[si].read(s)
+                    got = c.device_pools[si].read(s).cpu()
                     want = kv_for(tokens, off, off + k, self._shape(si), salt=7)
                     assert torch.equal(got, want), f"SWA content mismatch at node {x.id} pos {off}"
             if self.mamba:
                 mi = c.ci["mamba"]
                 s = x.data[mi].values[Tier.DEVICE]
                 if s is not None:
-                    got = c.device_pools[mi].read(s)
+                    got = c.device_pools[mi].read(s).cpu()
                     want = state_for(tokens, off + k, c.device_pools[mi].buf.shape[1:])
                     assert torch.equal(got, want), f"MAMBA state mismatch at node {x.id}"
             off += k

@@ -1,0 +1,147 @@
+"""Slot copies between pools as runs: stretches of slots consecutive on both sides.
+
+A pool buffer keeps its slots along one dimension (2 for KV ``[layers, 2, slots, heads,
+head_dim]``, 0 for state ``[slots, *state]``). Slots ``s .. s+n`` of such a buffer are ``rows``
+stretches of ``n * inner`` elements, one per index of the dimensions before the slot dimension,
+``pitch`` elements apart. So a run copies as one 2-D copy (``cudaMemcpy2DAsync``: one DMA
+between pinned host memory and the device, whatever the layer count), or, where the CUDA
+runtime is not at hand, one contiguous ``copy_`` per row.
+
+``runs`` finds the runs of an index pair; ``Rows`` is a buffer's geometry; ``copy_rows`` is the
+per-row fallback (plain torch, any device); ``Memcpy2D`` calls the CUDA runtime's 2-D copy on a
+stream, loaded from the ``libcudart`` torch itself mapped into the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import torch
+
+# cudaMemcpyDefault: the direction from the pointers (unified addressing)
+_CUDA_MEMCPY_DEFAULT = 4
+
+
+def runs(src: torch.Tensor | np.ndarray, dst: torch.Tensor | np.ndarray) -> np.ndarray:
+    """``[k, 3]`` int64 rows ``(src_first, dst_first, length)``: the maximal stretches where
+    both index lists go up by one, in order. ``src`` and ``dst`` are equal-length 1-D."""
+    s = np.asarray(src.cpu() if isinstance(src, torch.Tensor) else src, dtype=np.int64)
+    d = np.asarray(dst.cpu() if isinstance(dst, torch.Tensor) else dst, dtype=np.int64)
+    if s.shape != d.shape or s.ndim != 1:
+        raise ValueError(f"runs: index lists of shapes {s.shape} and {d.shape}; need equal 1-D")
+    if s.size == 0:
+        return np.empty((0, 3), dtype=np.int64)
+    cut = np.flatnonzero((np.diff(s) != 1) | (np.diff(d) != 1)) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [s.size]))
+    return np.stack([s[starts], d[starts], ends - starts], axis=1)
+
+
+class Rows:
+    """A contiguous pool buffer seen as ``rows`` x ``slots`` x ``inner`` elements.
+
+    Args:
+        buf: the pool's buffer (contiguous).
+        slot_dim: the dimension of its slots.
+    """
+
+    __slots__ = ("buf", "view", "rows", "slots", "inner", "esize", "ptr")
+
+    def __init__(self, buf: torch.Tensor, slot_dim: int) -> None:
+        if not buf.is_contiguous():
+            raise ValueError("a pool buffer must be contiguous")
+        shape = buf.shape
+        self.buf = buf
+        self.rows = int(np.prod(shape[:slot_dim], dtype=np.int64))
+        self.slots = int(shape[slot_dim])
+        self.inner = int(np.prod(shape[slot_dim + 1:], dtype=np.int64))
+        self.view = buf.view(self.rows, self.slots, self.inner)
+        self.esize = buf.element_size()
+        self.ptr = buf.data_ptr()
+
+    @property
+    def pitch(self) -> int:
+        """Bytes from one row's slot 0 to the next row's."""
+        return self.slots * self.inner * self.esize
+
+    def address(self, slot: int) -> int:
+        """Address of ``slot`` in row 0."""
+        return self.ptr + slot * self.inner * self.esize
+
+
+def check_pair(src: Rows, dst: Rows) -> None:
+    """Raise unless slots of ``src`` and ``dst`` hold the same rows of the same shape."""
+    if (src.rows, src.inner, src.esize) != (dst.rows, dst.inner, dst.esize):
+        raise ValueError(f"pools differ: {src.rows}x{src.inner} of {src.esize} B against "
+                         f"{dst.rows}x{dst.inner} of {dst.esize} B")
+
+
+def copy_rows(src: Rows, dst: Rows, table: np.ndarray, non_blocking: bool = True) -> None:
+    """Copy each run of ``table`` (``runs``'s rows) with one contiguous ``copy_`` per row."""
+    sv, dv = src.view, dst.view
+    for s0, d0, n in table.tolist():
+        if src.rows == 1:
+            dv[0, d0:d0 + n].copy_(sv[0, s0:s0 + n], non_blocking=non_blocking)
+            continue
+        for r in range(src.rows):
+            dv[r, d0:d0 + n].copy_(sv[r, s0:s0 + n], non_blocking=non_blocking)
+
+
+def _loaded_cudart() -> str | None:
+    """The path of the ``libcudart`` this process has mapped (torch's own), or None."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(" ")[-1]
+                if "/libcudart" in path and ".so" in path:
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+class Memcpy2D:
+    """``cudaMemcpy2DAsync`` from the CUDA runtime torch loaded; ``load()`` gives None where
+    there is none to call (a CPU build, a torch linked statically), and the caller copies rows.
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.cudaMemcpy2DAsync
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                       ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        err = lib.cudaGetErrorString
+        err.restype = ctypes.c_char_p
+        err.argtypes = [ctypes.c_int]
+        self._fn = fn
+        self._err = err
+
+    @classmethod
+    def load(cls) -> Memcpy2D | None:
+        if not torch.cuda.is_available():
+            return None
+        torch.cuda.init()
+        path = _loaded_cudart()
+        if path is None:
+            return None
+        try:
+            return cls(ctypes.CDLL(path))
+        except (OSError, AttributeError):
+            return None
+
+    def copy(self, src: Rows, dst: Rows, table: np.ndarray, stream: int) -> None:
+        """Each run of ``table`` as one 2-D copy on ``stream`` (a raw ``cudaStream_t``)."""
+        width_per_slot = src.inner * src.esize
+        spitch, dpitch = src.pitch, dst.pitch
+        fn = self._fn
+        for s0, d0, n in table.tolist():
+            rc = fn(dst.address(d0), dpitch, src.address(s0), spitch, n * width_per_slot,
+                    src.rows, _CUDA_MEMCPY_DEFAULT, stream)
+            if rc:
+                raise RuntimeError(f"cudaMemcpy2DAsync of {n} slot(s) ({src.rows} rows): "
+                                   f"{self._err(rc).decode(errors='replace')} (error {rc})")
+
+
+__all__ = ["runs", "Rows", "check_pair", "copy_rows", "Memcpy2D"]
