@@ -52,8 +52,19 @@ def _int_at_least(lo: int, hi: int | None = None):
 
 
 MAX_REQUESTS = 1_000_000
+# objects frozen before any caller could freeze its own: CPython 3.12.1 starts with 375 (3.11
+# and 3.13 with none), which are not a caller's choice
+_STARTUP_FROZEN = gc.get_freeze_count()
 MAX_SEED = 2**32 - 1
 LOOPBACK = "127.0.0.1"
+
+
+def _device(text: str) -> str:
+    """'auto', 'cpu', 'cuda' or 'cuda:N' (whether CUDA is there is the config's to say)."""
+    t = text.strip().lower()
+    if t in ("auto", "cpu", "cuda") or (t.startswith("cuda:") and t[5:].isdigit()):
+        return t
+    raise argparse.ArgumentTypeError(f"{text!r}: must be auto, cpu, cuda or cuda:N")
 
 
 def _components(text: str) -> tuple[str, ...]:
@@ -72,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: from --components, else hybrid)")
     r.add_argument("--components", type=_components, help="full | full,swa | full,mamba | "
                    "full,swa,mamba")
+    r.add_argument("--device", type=_device, default="auto",
+                   help="where the device pools live: auto (cuda when present, else cpu), "
+                   "cpu, cuda or cuda:N; host pools are pinned under cuda")
     r.add_argument("--write-policy", choices=WRITE_POLICIES, default="write_through",
                    help="when device pages are backed up to host (default write_through)")
     r.add_argument("--requests", type=_int_at_least(1, MAX_REQUESTS),
@@ -187,14 +201,15 @@ def _run(ns: argparse.Namespace, store: str | None) -> int:
                    max_running=ns.max_running, trace=ns.trace, storage=ns.storage,
                    prefetch_policy=ns.prefetch_policy, storage_write=ns.storage_write,
                    prefetch_threshold=ns.prefetch_threshold,
-                   load_back_threshold=ns.load_back_threshold)
+                   load_back_threshold=ns.load_back_threshold,
+                   device=None if ns.device == "auto" else ns.device)
     bar = ProgressBar(0, enabled=False if ns.no_progress else None)
     # what exists before the run (torch's ~165 k objects, the imports) stays: out of the
     # collector's way for the run, a full collection takes ~15-22 ms instead of ~65-107
     # (bench/RESULTS.md, "#17, fifteenth round"), as a serving engine freezes after warm-up;
     # handed back after, so a caller of ``main`` in its own process collects as before (a
     # caller that froze its own objects has chosen: nothing is frozen or unfrozen for it)
-    frozen = gc.get_freeze_count()
+    frozen = gc.get_freeze_count() > _STARTUP_FROZEN
     if not frozen:
         gc.freeze()
     try:

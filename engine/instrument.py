@@ -2,7 +2,8 @@
 
 - ``CountingRecorder`` sits between the cache and telemetry's recorder (it forwards every record)
   and tallies per-op latencies (the cache's own op timestamps), evictions per component and tier
-  (a device or host value going away), backups and load-backs (transfers started).
+  (a device or host value going away), backups and load-backs (transfers started), and under
+  CUDA the bytes and side-stream time of the acked ones (their ``copy_ns``).
 - ``TimedCache`` is the engine's handle on the cache: it forwards everything and adds up the time
   spent inside cache calls (for the bench's "share of time in the cache"). With ``check_each``
   it runs ``check()`` after every call and names the call that broke an invariant.
@@ -32,6 +33,9 @@ class CountingRecorder(Recorder):
         self.evicted: Counter[tuple[str, str]] = Counter()  # (component, tier) -> slots dropped
         self.transfers: Counter[str] = Counter()  # kind -> transfers started
         self.moved: Counter[tuple[str, str]] = Counter()  # (kind, component) -> slots
+        # CUDA: kind -> bytes and side-stream ns of the acked transfers that were timed
+        self.copy_bytes: Counter[str] = Counter()
+        self.copy_ns: Counter[str] = Counter()
         self._last_op: tuple | None = None
         self._state: dict[tuple[int, str], tuple[int | None, int | None]] = {}
         self._comps: tuple[str, ...] = ()
@@ -53,6 +57,11 @@ class CountingRecorder(Recorder):
         """Tally one op (a plain tuple in ``OpRecord`` order) and forward it."""
         self.op_ns[op[1]].append(op[3] - op[2])
         self._last_op = op
+        if op[1] == ev.OP_TRANSFER and type(op[8]) is dict and ev.A_COPY_NS in op[8]:
+            a = op[8]
+            kind = a.get(ev.A_TRANSFER_KIND)
+            self.copy_bytes[kind] += a.get(ev.A_BYTES) or 0
+            self.copy_ns[kind] += a[ev.A_COPY_NS]
         state = self._state
         for m in mutations:
             kind = m[2]

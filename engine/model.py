@@ -82,7 +82,8 @@ class StandInModel:
 
     KV values are computed directly in the pool's layout, viewed as ``[layers * 2, slots,
     heads * head_dim]`` (so no permutes), as 24-bit fractions that every float dtype of the pools
-    reproduces identically.
+    reproduces identically. They are computed on the pools' device (on CUDA, kernels on the
+    compute stream, beside the side stream's copies), and checked there.
 
     Args:
         config: the cache configuration (pool shapes, dtype, sliding window).
@@ -101,18 +102,21 @@ class StandInModel:
             for d in config.mamba_state_shape:
                 size *= d
             shapes[STATE] = (1, size)
+        self.device = torch.device(config.device)
         self._consts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for comp, (rows, cols) in shapes.items():
             g = torch.Generator().manual_seed(_SALTS[comp])
             self._consts[comp] = tuple(  # type: ignore[assignment]
-                torch.randint(1, 1 << 30, (rows, 1, cols), generator=g, dtype=torch.int64)
+                torch.randint(1, 1 << 30, (rows, 1, cols), generator=g,
+                              dtype=torch.int64).to(self.device)
                 for _ in range(3))
 
     # ---- content -------------------------------------------------------------------------
     def values(self, comp: str, hashes: torch.Tensor) -> torch.Tensor:
         """``[rows, n, cols]`` values of ``comp`` at the positions whose prefix hashes are
-        ``hashes`` (rows = layers x (k, v) for KV, 1 for MAMBA)."""
+        ``hashes`` (rows = layers x (k, v) for KV, 1 for MAMBA), on the pools' device."""
         a, b, d = self._consts[comp]
+        hashes = hashes.to(self.device, non_blocking=True)
         h1 = hashes[:, 0].contiguous().view(1, -1, 1)
         h2 = hashes[:, 1].contiguous().view(1, -1, 1)
         raw = h1 * a  # < 2**61: the sum below stays under 2**63, so nothing overflows
@@ -137,7 +141,7 @@ class StandInModel:
     def write_kv(self, cache, comp: str, idx: torch.Tensor, hashes: torch.Tensor) -> None:
         if idx.numel():
             view = self._view(cache, comp)
-            view.index_copy_(1, idx.to(view.device), self.values(comp, hashes).to(view.device))
+            view.index_copy_(1, idx.to(view.device), self.values(comp, hashes))
 
     def write_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor) -> None:
         cache.device_pools[cache.ci[STATE]].write(slot, self.state(hash_row))
@@ -155,18 +159,18 @@ class StandInModel:
         if idx.numel() == 0:
             return
         view = self._view(cache, comp)
-        got = view.index_select(1, idx.to(view.device)).cpu()
+        got = view.index_select(1, idx.to(view.device))
         want = self.values(comp, hashes)
         if torch.equal(got, want):
             return
-        bad = (got != want).any(dim=2).any(dim=0)
+        bad = (got != want).any(dim=2).any(dim=0).cpu()
         k = int(bad.nonzero()[0])
         raise ContentMismatch(req_id, comp, first_pos + k, int(idx[k]), "KV")
 
     def verify_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor, position: int,
                      req_id: str) -> None:
         """Raise ``ContentMismatch`` unless MAMBA ``slot`` holds the state after ``position``."""
-        got = cache.device_pools[cache.ci[STATE]].read(slot).cpu()
+        got = cache.device_pools[cache.ci[STATE]].read(slot)
         if not torch.equal(got, self.state(hash_row)):
             raise ContentMismatch(req_id, STATE, position, int(slot[0]), "state")
 

@@ -66,6 +66,7 @@ class RunSpec:
     storage_write: str = "write_through"
     prefetch_threshold: int = 256
     load_back_threshold: int = 0  # host hits shorter than this (FULL only) are not loaded back
+    device: str | None = None  # the device pools: 'cpu', 'cuda', 'cuda:N'; None: cuda if present
 
     def preset_name(self) -> str:
         if self.components is not None:
@@ -105,7 +106,7 @@ class RunSpec:
             # to whole pages (a page size < 1 is CacheConfig's to refuse)
             if k not in over and PRESETS[name].get(k) is not None:
                 over[k] = max(page, PRESETS[name][k] // page * page)
-        return CacheConfig.preset(name, write_policy=self.write_policy, device="cpu",
+        return CacheConfig.preset(name, write_policy=self.write_policy, device=self.device,
                                   load_back_threshold=self.load_back_threshold, **over)
 
     def storage_setup(self, observer=None, backend=None):
@@ -246,6 +247,11 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     if inject is not None and inject not in zoo.names():
         raise zoo.UnknownFault(f"unknown fault {inject!r}; the zoo has: {', '.join(zoo.names())}")
     strict = strict or inject is not None
+    if inject is not None and spec.device is None:
+        # a zoo run is located by re-running it, which needs a run that repeats: the CPU's
+        # (under CUDA a poll acks only the copies the side stream has finished, so a re-run
+        # can take other steps)
+        spec = replace(spec, device="cpu")
     if inject is not None and zoo.faults()[inject].needs_storage:
         _check_storage_fault(spec, inject)
     check_fits(spec.cache_config())  # validate, and fit in memory, before opening a store

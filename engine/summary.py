@@ -86,6 +86,9 @@ class Summary:
     # what telemetry lost ("" when nothing): failures at close, dropped records
     telemetry_problem: str = ""
     export_problem: str = ""  # exporters that failed (the store is whole): stage counts
+    device: str = "cpu"  # the device pools' device
+    # CUDA: (kind, bytes, side-stream seconds) of the acked backups and load-backs
+    copies: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def requests_per_s(self) -> float:
@@ -144,7 +147,10 @@ def summarize(result: RunResult) -> Summary:
         storage_line=_storage_line(result), strict=result.strict, branch_points=d.branch_points,
         branches_filled=e.driver.branches_filled, branch_states=e.driver.branch_states,
         telemetry_problem=telemetry_problem(result.telemetry_stats),
-        export_problem=export_problem(result.telemetry_stats))
+        export_problem=export_problem(result.telemetry_stats),
+        device=str(result.config.device),
+        copies=tuple((k, counter.copy_bytes[k], counter.copy_ns[k] / 1e9)
+                     for k in ("backup", "load_back") if counter.copy_ns[k]))
 
 
 # failure stages that only export (spans, metrics, KV events, OTLP): the store is whole
@@ -197,12 +203,18 @@ def _storage_line(result: RunResult) -> str:
             f"{p.started:,} started, {p.prefetched_tokens:,} tokens brought")
 
 
+def _copy_rate(nbytes: int, secs: float) -> str:
+    """Bytes copied and their rate on the side stream (CUDA events)."""
+    return (f"{nbytes / 1e6:,.1f} MB in {secs * 1e3:,.2f} ms on the side stream, "
+            f"{nbytes / secs / 1e9:,.1f} GB/s")
+
+
 def format_summary(s: Summary) -> str:
     """The table printed at the end of ``radixscope run``."""
     share = 100.0 * s.cache_s / s.wall_s if s.wall_s else 0.0
     lines = [
         f"radixscope run: workload {s.workload}, preset {s.preset} "
-        f"({'+'.join(s.components)}), {s.write_policy}",
+        f"({'+'.join(s.components)}), {s.write_policy}, on {s.device}",
         f"  requests     {s.finished} finished, {s.rejected} rejected of {s.requests}; "
         f"{s.retractions} retracted; {s.refusals} admission refusals; {s.steps} steps",
         f"  time         {s.wall_s:.2f} s, {s.requests_per_s:.1f} requests/s, "
@@ -227,7 +239,9 @@ def format_summary(s: Summary) -> str:
     for kind, label, count in (("backup", "backups", s.backups),
                                ("load_back", "load-backs", s.load_backs)):
         parts = [f"{c} {n:,} {rules(c).unit}" for k, c, n in s.moved if k == kind and n]
-        lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)})" if parts else ""))
+        copied = [_copy_rate(b, secs) for k, b, secs in s.copies if k == kind]
+        lines.append(f"  {label:<12} {count:,}" + (f" ({', '.join(parts)})" if parts else "")
+                     + (f"; {copied[0]}" if copied else ""))
     lines.append(f"  op latency   op              count    p50 us    p99 us   ({s.kernels} "
                  "kernels)")
     for o in s.latency:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from radixscope.engine import cli
 from radixscope.engine.cli import main
@@ -188,5 +189,6 @@ def test_huge_device_tokens_printed_a_traceback(tmp_path):
                     tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
     assert p.stderr.startswith("radixscope run: error: the cache's pools need ")
-    assert "bytes" in p.stderr and "of cpu memory" in p.stderr and "available" in p.stderr
+    where = "cuda" if torch.cuda.is_available() else "cpu"  # --device auto: the device pools'
+    assert "bytes" in p.stderr and f"of {where} memory" in p.stderr and "available" in p.stderr
     assert not (tmp_path / "runs" / "big.db").exists()  # refused before the store was opened

@@ -105,8 +105,13 @@ def test_no_admitted_request_ran_out_of_memory(workload, components, trace_file)
 
 
 def test_runs_are_deterministic(trace_file):
-    a = execute(small_spec("fewshot", "hybrid", trace_file, check_invariants=False))
-    b = execute(small_spec("fewshot", "hybrid", trace_file, check_invariants=False))
+    """On the CPU a transfer's copies run at the poll that acks it, so a run is a function of
+    its settings. (Under CUDA a poll acks only the copies the side stream has finished, so
+    which step a load-back lands in, and what follows, varies with timing.)"""
+    a = execute(small_spec("fewshot", "hybrid", trace_file, check_invariants=False,
+                           device="cpu"))
+    b = execute(small_spec("fewshot", "hybrid", trace_file, check_invariants=False,
+                           device="cpu"))
     assert a.error is None and b.error is None
     assert {k: len(v) for k, v in a.counter.op_ns.items()} == \
         {k: len(v) for k, v in b.counter.op_ns.items()}
