@@ -31,7 +31,7 @@ from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.encode import Chunk, decode, part_records
 from radixscope.telemetry.record.recorder import TelemetryRecorder
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config, random_session
-from tests.kits.finalizers import finalizer_runs
+from tests.kits.finalizers import MID_CALL, BufferRuns, finalizer_runs
 from tests.kits.require import missing
 
 C = ledger._built
@@ -358,17 +358,24 @@ def test_a_record_the_sink_cannot_append_takes_the_sinks_own_way(case) -> None:
 SORTS = frozenset(range(50))  # marshal's writer sorts it: allocates, so a collection can run
 
 
-def test_a_busy_sink_hands_the_record_made_meanwhile_to_its_fallback() -> None:
-    """The op's attribute is written by marshal's writer, which collects; a finalizer then runs
-    a whole op, whose record finds the sink mid-record."""
+@pytest.mark.parametrize("trigger", MID_CALL)
+def test_a_busy_sink_hands_the_record_made_meanwhile_to_its_fallback(trigger: str) -> None:
+    """The op's attribute is written by marshal's writer, which collects, and a finalizer then
+    runs a whole op (before Python 3.12); or it is a buffer whose ``__buffer__`` runs that op
+    (from 3.12, where no collection runs there): its record finds the sink mid-record."""
+    def inner() -> None:
+        led = Cycle.led
+        led.run("op", "inner", lambda: led.m(*CREATE))
+
     class Cycle:
         def __del__(self) -> None:
-            led = Cycle.led
-            led.run("op", "inner", lambda: led.m(*CREATE))
+            inner()
 
     def build(cache, out, args):
         if out != "outer":
             return 1
+        if trigger == "buffer":
+            return (BufferRuns(inner),)
         gc.collect()  # counts from zero: the next collection is inside the sort
         c = Cycle()
         c.me = c

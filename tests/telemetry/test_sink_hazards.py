@@ -2,7 +2,10 @@
 thread and the drain thread's: each test is a review finding that crashed, lost or reordered
 records before its fix. Python code can run mid-record because marshal's writer sorts a set's
 items, which allocates and so may run a collection, and with it finalizers (a ``__del__`` on a
-cycle stands in for any other thread taking the GIL there)."""
+cycle stands in for any other thread taking the GIL there), and from Python 3.12 because the
+encoders ask a buffer for its bytes, which a Python class's ``__buffer__`` gives. A collection
+runs mid-call only before 3.12 (``tests/kits/finalizers.py``): a test that needs Python code
+mid-record runs it each way (``trigger``), by a finalizer before 3.12, by a buffer from 3.12."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import datetime
 import gc
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,11 +22,27 @@ from radixscope.telemetry.record import sink as sink_mod
 from radixscope.telemetry.record.drops import DROP_OP, Health
 from radixscope.telemetry.record.encode import Chunk, decode, part_records
 from radixscope.telemetry.record.recorder import TelemetryRecorder
-from tests.kits.finalizers import finalizer_runs
+from tests.kits.finalizers import MID_CALL, BufferRuns, finalizer_runs, mid_call_gc
 from tests.kits.require import missing
 
 SORTS = (frozenset(range(50)),)  # attrs whose encoding allocates: a collection can run there
 ENCODERS = ["native", "python"]
+
+
+@contextmanager
+def mid_record(trigger: str, action: Callable[[], None]) -> Iterator[tuple]:
+    """Attrs whose encoding runs ``action`` mid-record: ``SORTS``, a finalizer running it at the
+    collection their sort makes (before Python 3.12), or a ``BufferRuns`` (from 3.12)."""
+    if trigger == "collection":
+        with finalizer_runs(action):
+            yield SORTS
+    else:
+        yield (BufferRuns(action),)
+
+
+def written(trigger: str) -> tuple:
+    """The attrs ``mid_record`` gave, as they read back."""
+    return SORTS if trigger == "collection" else (BufferRuns.DATA,)
 
 
 def needs(encoder: str) -> None:
@@ -43,42 +64,48 @@ def sink(fallback: list | None = None, parent_of=lambda ctx: (0, 0, 0, False)):
     return s
 
 
-def test_a_take_mid_record_gets_the_whole_records_and_the_half_one_completes_after() -> None:
+@pytest.mark.parametrize("trigger", MID_CALL)
+def test_a_take_mid_record_gets_the_whole_records_and_the_half_one_completes_after(
+        trigger: str) -> None:
     s = sink()
     s(op(0), [])
     seen = []
-    with finalizer_runs(lambda: seen.append(s.take())):
-        s(op(1, SORTS), [])
+    with mid_record(trigger, lambda: seen.append(s.take())) as attrs:
+        s(op(1, attrs), [])
     assert [n for n, _ in seen] == [1] and part_records(Chunk(*seen[0]))[0][0] == 0
     n, data = s.take()
     assert n == 1 and [r[0] for r in part_records(Chunk(n, data))] == [1]
 
 
+@pytest.mark.parametrize("trigger", MID_CALL)
 @pytest.mark.parametrize("before", [1, 2_000], ids=["in place", "buffers swapped"])
 def test_a_take_batch_mid_record_gets_the_whole_records_and_the_half_one_completes_after(
-        before: int) -> None:
+        before: int, trigger: str) -> None:
     s = sink()
     s.limit = 1 << 40
     for i in range(before):
         s(op(i, ("x" * 40,)), [])
     seen = []
-    with finalizer_runs(lambda: seen.append(s.take_batch())):
-        s(op(before, SORTS), [])
+    with mid_record(trigger, lambda: seen.append(s.take_batch())) as attrs:
+        s(op(before, attrs), [])
     assert [n for n, _ in seen] == [before]
     assert [r[0] for r in decode(seen[0][1])] == list(range(before))
     n, blob = s.take_batch()
-    assert n == 1 and [(r[0], r[8]) for r in decode(blob)] == [(before, SORTS)]
+    assert n == 1 and [(r[0], r[8]) for r in decode(blob)] == [(before, written(trigger))]
 
 
-def test_a_list_emptied_mid_record_is_handed_back_not_read_freed() -> None:
+@pytest.mark.parametrize("trigger", MID_CALL)
+def test_a_list_emptied_mid_record_is_handed_back_not_read_freed(trigger: str) -> None:
     back: list = []
     s = sink(back)
-    muts = [SORTS[0]] + [str(i) * 50 for i in range(20)]
-    with finalizer_runs(muts.clear):
+    muts: list = [str(i) * 50 for i in range(20)]
+    with mid_record(trigger, muts.clear) as attrs:
+        muts.insert(0, attrs[0])
         s(op(1), muts)
     assert back == [1] and (s.n, s.nbytes) == (0, 0)
 
 
+@mid_call_gc  # (from 3.12 no Python code can run there: nothing to test)
 def test_a_dict_a_collection_changes_while_it_is_written_is_read_whole() -> None:
     """A lone surrogate's failed UTF-8 allocates an exception, so a collection can run there
     and change the dict: the sink writes a dict natively only when nothing can, else marshal
@@ -143,15 +170,16 @@ def test_a_sink_never_initialised_refuses_calls() -> None:
         s(op(1), [])
 
 
+@pytest.mark.parametrize("trigger", MID_CALL)
 @pytest.mark.parametrize("encoder", ENCODERS)
-def test_a_seal_mid_record_loses_nothing(encoder: str) -> None:
+def test_a_seal_mid_record_loses_nothing(encoder: str, trigger: str) -> None:
     needs(encoder)
     rec = TelemetryRecorder(Health(), encode_batch=100, encoder=encoder)
     rec.record(op(0), [])
     rec.record(op(1, {"d": datetime.date(2026, 1, 1)}), [])  # handed back: the Python path
     rec.record(op(2), [])
-    with finalizer_runs(rec.seal):
-        rec.record(op(3, SORTS), [])
+    with mid_record(trigger, rec.seal) as attrs:
+        rec.record(op(3, attrs), [])
     rec.seal()
     assert [r[0] for _, b in rec.take(1 << 30) for r in decode(b)] == [0, 1, 2, 3]
     assert rec.health.snapshot()["dropped"][DROP_OP] == 0
