@@ -8,8 +8,10 @@ between pinned host memory and the device, whatever the layer count), or, where 
 runtime is not at hand, one contiguous ``copy_`` per row.
 
 ``runs`` finds the runs of an index pair; ``Rows`` is a buffer's geometry; ``copy_rows`` is the
-per-row fallback (plain torch, any device); ``Memcpy2D`` calls the CUDA runtime's 2-D copy on a
-stream, loaded from the ``libcudart`` torch itself mapped into the process.
+per-row fallback (plain torch, any device; a buffer of one row, a state pool, always goes this
+way: each run is one contiguous copy); ``Memcpy2D`` calls the CUDA runtime's 2-D copy on a
+stream, loaded from the ``libcudart`` of torch's own CUDA version that the process has mapped.
+A pitch past the device's limit (``cudaDevAttrMaxPitch``) falls back to rows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 # cudaMemcpyDefault: the direction from the pointers (unified addressing)
 _CUDA_MEMCPY_DEFAULT = 4
+_CUDA_DEV_ATTR_MAX_PITCH = 27
 
 
 def runs(src: torch.Tensor | np.ndarray, dst: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -78,24 +81,32 @@ def check_pair(src: Rows, dst: Rows) -> None:
                          f"{dst.rows}x{dst.inner} of {dst.esize} B")
 
 
+def check_table(src: Rows, dst: Rows, table: np.ndarray) -> None:
+    """Raise unless every run of ``table`` lies inside both buffers (a raw copy checks
+    nothing)."""
+    if len(table) and (table[:, :2].min() < 0 or (table[:, 0] + table[:, 2]).max() > src.slots
+                       or (table[:, 1] + table[:, 2]).max() > dst.slots):
+        raise ValueError(f"a run of slots past a pool's end ({src.slots} / {dst.slots} slots): "
+                         f"{table[:4].tolist()}")
+
+
 def copy_rows(src: Rows, dst: Rows, table: np.ndarray, non_blocking: bool = True) -> None:
     """Copy each run of ``table`` (``runs``'s rows) with one contiguous ``copy_`` per row."""
+    check_table(src, dst, table)
     sv, dv = src.view, dst.view
     for s0, d0, n in table.tolist():
-        if src.rows == 1:
-            dv[0, d0:d0 + n].copy_(sv[0, s0:s0 + n], non_blocking=non_blocking)
-            continue
         for r in range(src.rows):
             dv[r, d0:d0 + n].copy_(sv[r, s0:s0 + n], non_blocking=non_blocking)
 
 
-def _loaded_cudart() -> str | None:
-    """The path of the ``libcudart`` this process has mapped (torch's own), or None."""
+def _loaded_cudart(major: str) -> str | None:
+    """The path of the ``libcudart.so.<major>`` this process has mapped (torch's own: another
+    extension may map a runtime of another version), or None."""
     try:
         with open(f"/proc/{os.getpid()}/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(" ")[-1]
-                if "/libcudart" in path and ".so" in path:
+                if f"/libcudart.so.{major}" in path:
                     return path
     except OSError:
         return None
@@ -107,7 +118,7 @@ class Memcpy2D:
     there is none to call (a CPU build, a torch linked statically), and the caller copies rows.
     """
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, max_pitch: int) -> None:
         fn = lib.cudaMemcpy2DAsync
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
@@ -117,22 +128,39 @@ class Memcpy2D:
         err.argtypes = [ctypes.c_int]
         self._fn = fn
         self._err = err
+        self.max_pitch = max_pitch
 
     @classmethod
-    def load(cls) -> Memcpy2D | None:
-        if not torch.cuda.is_available():
+    def load(cls, device: str) -> Memcpy2D | None:
+        """The runtime's 2-D copy for ``device`` ('cuda' or 'cuda:N'), or None."""
+        if not torch.cuda.is_available() or not torch.version.cuda:
             return None
         torch.cuda.init()
-        path = _loaded_cudart()
+        path = _loaded_cudart(torch.version.cuda.split(".")[0])
         if path is None:
             return None
         try:
-            return cls(ctypes.CDLL(path))
+            lib = ctypes.CDLL(path)
+            attr = lib.cudaDeviceGetAttribute
+            attr.restype = ctypes.c_int
+            attr.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+            v = ctypes.c_int(0)
+            index = torch.device(device).index
+            if attr(ctypes.byref(v), _CUDA_DEV_ATTR_MAX_PITCH,
+                    torch.cuda.current_device() if index is None else index):
+                return None
+            return cls(lib, v.value)
         except (OSError, AttributeError):
             return None
 
     def copy(self, src: Rows, dst: Rows, table: np.ndarray, stream: int) -> None:
-        """Each run of ``table`` as one 2-D copy on ``stream`` (a raw ``cudaStream_t``)."""
+        """Each run of ``table`` as one 2-D copy on ``stream`` (a raw ``cudaStream_t``). One
+        row (a state pool), or a pitch past the device's limit: ``copy_rows`` on the current
+        stream instead (the caller makes it ``stream``)."""
+        if src.rows == 1 or max(src.pitch, dst.pitch) > self.max_pitch:
+            copy_rows(src, dst, table)
+            return
+        check_table(src, dst, table)
         width_per_slot = src.inner * src.esize
         spitch, dpitch = src.pitch, dst.pitch
         fn = self._fn
@@ -144,4 +172,4 @@ class Memcpy2D:
                                    f"{self._err(rc).decode(errors='replace')} (error {rc})")
 
 
-__all__ = ["runs", "Rows", "check_pair", "copy_rows", "Memcpy2D"]
+__all__ = ["runs", "Rows", "check_pair", "check_table", "copy_rows", "Memcpy2D"]

@@ -71,6 +71,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         self.instance = next(_instances)
         self.request_held = [per_tier(0) for _ in self.comps]
         self.engine = TransferEngine(config.device)
+        self.engine.check_pools(self)
         self.prefetcher = None
         self._writer = None
         self._init_prefetch_state()

@@ -257,6 +257,8 @@ class SlotAllocator:
 class KVPool:
     """A KV buffer ``[layers, 2, slots, heads, head_dim]`` with its allocator."""
 
+    slot_dim = 2  # the buffer's dimension of slots
+
     def __init__(self, name: str, layers: int, slots: int, heads: int, head_dim: int,
                  dtype: torch.dtype, device: str, page_size: int, pin: bool = False) -> None:
         self.name = name
@@ -276,6 +278,8 @@ class KVPool:
 class StatePool:
     """A recurrent-state buffer ``[slots, *state_shape]`` with its allocator (page size 1)."""
 
+    slot_dim = 0  # the buffer's dimension of slots (a state of any rank follows it)
+
     def __init__(self, name: str, slots: int, state_shape: tuple[int, ...], dtype: torch.dtype,
                  device: str, pin: bool = False) -> None:
         self.name = name
@@ -294,7 +298,7 @@ class StatePool:
 def copy_slots(src, src_idx: torch.Tensor, dst, dst_idx: torch.Tensor,
                non_blocking: bool = False) -> int:
     """Copy slots between two pools of the same shape (KV or state). Returns bytes moved."""
-    dim = 2 if isinstance(src, KVPool) else 0
+    dim = src.slot_dim
     data = src.buf.index_select(dim, src_idx.to(src.buf.device))
     if data.device != dst.buf.device:
         data = data.to(dst.buf.device, non_blocking=non_blocking)

@@ -18,6 +18,7 @@ import torch
 
 from radixscope.cache import events as ev
 from radixscope.cache.copy_runs import Memcpy2D, Rows, check_pair, copy_rows, runs
+from radixscope.cache.pools import KVPool, StatePool
 from radixscope.cache.results import Transfer
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import Tier
@@ -29,13 +30,15 @@ def _tier(name: str) -> Tier:
 
 class _Pending:
     """A submitted transfer not yet acked: its CUDA events (None on CPU: ``begin`` recorded
-    before its copies, ``event`` after), the device tensors its copies read until ``event``,
-    and whether its copies have run (CPU: at ``poll``, or earlier when a reader needed them)."""
+    before its copies, ``event`` after), the gathered data a CoW copy scatters from (kept
+    until ``event``), and whether its copies have run (CPU: at ``poll``, or earlier when a
+    reader needed them)."""
 
     __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "ran")
 
-    def __init__(self, transfer: Transfer, event, started: int, nbytes: int, keep=None,
-                 begin=None) -> None:
+    def __init__(self, transfer: Transfer, event: torch.cuda.Event | None, started: int,
+                 nbytes: int, keep: list[torch.Tensor] | None = None,
+                 begin: torch.cuda.Event | None = None) -> None:
         self.transfer = transfer
         self.event = event
         self.begin = begin
@@ -59,15 +62,34 @@ class TransferEngine:
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self.pending: OrderedDict[int, _Pending] = OrderedDict()
         # the runtime's 2-D copy (one DMA a run); None: one copy_ per row of a run instead
-        self.memcpy2d = Memcpy2D.load() if self.cuda else None
+        self.memcpy2d = Memcpy2D.load(device) if self.cuda else None
         self._rows: dict[int, Rows] = {}  # id(pool) -> its buffer's geometry
 
-    def rows(self, pool) -> Rows:
+    def rows(self, pool: KVPool | StatePool) -> Rows:
         """``pool``'s buffer as rows x slots (cached: a pool keeps its buffer)."""
         r = self._rows.get(id(pool))
         if r is None or r.buf is not pool.buf:
-            r = self._rows[id(pool)] = Rows(pool.buf, 2 if pool.buf.dim() == 5 else 0)
+            r = self._rows[id(pool)] = Rows(pool.buf, pool.slot_dim)
         return r
+
+    def check_pools(self, core: CacheCore) -> None:
+        """Raise unless each component's device and host pools copy as runs (contiguous, the
+        same rows): when the cache is built, not at its first transfer."""
+        for ci in range(len(core.comps)):
+            pools = [p for p in core.pools[ci] if p is not None]
+            for p in pools[1:]:
+                check_pair(self.rows(pools[0]), self.rows(p))
+
+    def __del__(self) -> None:
+        # a cache dropped with copies in flight: they finish before the pinned host buffers
+        # (freed with the pools) can be handed to another allocation; the raw 2-D copies are
+        # not fenced by torch's pinned-memory allocator as its own copies are
+        for p in getattr(self, "pending", {}).values():
+            if p.event is not None:
+                try:
+                    p.event.synchronize()
+                except Exception:  # noqa: BLE001 - a finalizer: nothing to raise to
+                    return
 
     def submit(self, core: CacheCore, t: Transfer) -> None:
         if not self.cuda:
@@ -75,7 +97,9 @@ class TransferEngine:
             return
         started = time.time_ns()
         stream = self.stream
-        stream.wait_stream(torch.cuda.current_stream())  # what the compute wrote, first
+        # what the compute wrote, first (the current stream of the pools' device, not of the
+        # current device: cuda:N)
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
         begin = torch.cuda.Event(enable_timing=True)
         begin.record(stream)
         keep = []
@@ -87,7 +111,7 @@ class TransferEngine:
                 nbytes += c.src.numel() * src.bytes_per_slot
                 if c.src_tier == ev.TIER_DEVICE and c.dst_tier == ev.TIER_DEVICE:
                     # a CoW state copy: gather and scatter on the device
-                    dim = 2 if src.buf.dim() == 5 else 0
+                    dim = src.slot_dim
                     data = src.buf.index_select(dim, c.src.to(src.buf.device, non_blocking=True))
                     dst.buf.index_copy_(dim, c.dst.to(dst.buf.device, non_blocking=True), data)
                     keep.append(data)
@@ -114,7 +138,7 @@ class TransferEngine:
                 p.nbytes = self.run_cpu(core, p.transfer)
                 p.ran = True
         else:
-            torch.cuda.current_stream().wait_event(p.event)
+            torch.cuda.current_stream(self.stream.device).wait_event(p.event)
 
     def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
         """Finished transfers as (transfer, started_ns, bytes, copy_ns or None), removed from
@@ -142,7 +166,7 @@ class TransferEngine:
         for c in t.copies:
             ci = core.ci[c.component]
             src, dst = core.pool(ci, _tier(c.src_tier)), core.pool(ci, _tier(c.dst_tier))
-            dim = 2 if src.buf.dim() == 5 else 0
+            dim = src.slot_dim
             dst.buf.index_copy_(dim, c.dst, src.buf.index_select(dim, c.src))
             nbytes += c.src.numel() * src.bytes_per_slot
         return nbytes

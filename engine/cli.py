@@ -52,8 +52,9 @@ def _int_at_least(lo: int, hi: int | None = None):
 
 
 MAX_REQUESTS = 1_000_000
-# objects frozen before any caller could freeze its own: CPython 3.12.1 starts with 375 (3.11
-# and 3.13 with none), which are not a caller's choice
+# objects frozen when this module is imported, taken as the interpreter's own, not a caller's
+# choice: CPython 3.12 starts with 375 (3.11 and 3.13 with none). A caller that froze its own
+# before importing the CLI has them thawed after a run.
 _STARTUP_FROZEN = gc.get_freeze_count()
 MAX_SEED = 2**32 - 1
 LOOPBACK = "127.0.0.1"

@@ -247,10 +247,13 @@ def execute(spec: RunSpec, on_step: Hook | None = None, fault: Hook | None = Non
     if inject is not None and inject not in zoo.names():
         raise zoo.UnknownFault(f"unknown fault {inject!r}; the zoo has: {', '.join(zoo.names())}")
     strict = strict or inject is not None
-    if inject is not None and spec.device is None:
+    if inject is not None:
         # a zoo run is located by re-running it, which needs a run that repeats: the CPU's
         # (under CUDA a poll acks only the copies the side stream has finished, so a re-run
         # can take other steps)
+        if spec.device not in (None, "cpu"):
+            raise ValueError(f"--inject runs on the CPU (its locating re-run must repeat the "
+                             f"run), not on device={spec.device!r}: drop --device")
         spec = replace(spec, device="cpu")
     if inject is not None and zoo.faults()[inject].needs_storage:
         _check_storage_fault(spec, inject)

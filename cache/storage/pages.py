@@ -50,8 +50,7 @@ class HostPages:
     @classmethod
     def of_pool(cls, pool: object, page_size: int) -> HostPages:
         """Pages of a ``pools.KVPool`` (slot dim 2) or ``pools.StatePool`` (slot dim 0)."""
-        buf = pool.buf  # type: ignore[attr-defined]
-        return cls(buf, page_size, 2 if buf.dim() == 5 else 0)
+        return cls(pool.buf, page_size, pool.slot_dim)  # type: ignore[attr-defined]
 
     @property
     def layout(self) -> str:

@@ -53,7 +53,7 @@ def _random_indices(slots: int, n: int, rng: np.random.Generator) -> torch.Tenso
     return torch.tensor(out[:n], dtype=torch.int64)
 
 
-def _emulated_memcpy2d() -> Memcpy2D:
+def _emulated_memcpy2d(max_pitch: int = 1 << 31) -> Memcpy2D:
     """A ``Memcpy2D`` whose runtime call is a row-by-row ``memmove`` on the CPU: same
     arguments, so the addresses and pitches it computes are checked for real."""
     calls = []
@@ -68,6 +68,7 @@ def _emulated_memcpy2d() -> Memcpy2D:
     m = Memcpy2D.__new__(Memcpy2D)
     m._fn = fn
     m._err = lambda rc: b"emulated"
+    m.max_pitch = max_pitch
     m.calls = calls
     return m
 
@@ -96,8 +97,31 @@ def test_a_run_copy_writes_exactly_the_slots_a_gather_and_scatter_would(kind, se
     m = _emulated_memcpy2d()
     m.copy(Rows(src.buf, dim), Rows(by_2d, dim), table, 7)
     assert torch.equal(by_2d, want)
-    assert len(m.calls) == len(table)  # one 2-D copy a run, whatever the layer count
-    assert set(m.calls) == {3 * 2 if kind == "kv" else 1}
+    if kind == "kv":  # one 2-D copy a run, whatever the layer count
+        assert m.calls == [3 * 2] * len(table)
+    else:  # one row: each run is one contiguous copy_, no pitch involved
+        assert m.calls == []
+
+
+def test_a_pitch_past_the_devices_limit_copies_rows_instead():
+    src, dst = _pools("kv", 64, 0)
+    want = dst.buf.clone()
+    want[:, :, 8:20] = src.buf[:, :, 3:15]
+    m = _emulated_memcpy2d(max_pitch=Rows(dst.buf, 2).pitch - 1)
+    m.copy(Rows(src.buf, 2), Rows(dst.buf, 2), runs(np.arange(3, 15), np.arange(8, 20)), 7)
+    assert m.calls == [] and torch.equal(dst.buf, want)
+
+
+@pytest.mark.parametrize("table", [[[60, 0, 8]], [[0, 70, 4]], [[-1, 0, 2]]])
+def test_a_run_past_a_pools_end_is_refused_before_any_copy(table):
+    src, dst = _pools("kv", 64, 0)
+    before = dst.buf.clone()
+    m = _emulated_memcpy2d()
+    with pytest.raises(ValueError, match="past a pool's end"):
+        m.copy(Rows(src.buf, 2), Rows(dst.buf, 2), np.array(table), 7)
+    with pytest.raises(ValueError, match="past a pool's end"):
+        copy_rows(Rows(src.buf, 2), Rows(dst.buf, 2), np.array(table))
+    assert m.calls == [] and torch.equal(dst.buf, before)
 
 
 def test_pools_of_other_shapes_are_refused_before_any_copy():
@@ -111,6 +135,7 @@ def test_a_runtime_error_names_the_copy():
     m = Memcpy2D.__new__(Memcpy2D)
     m._fn = lambda *a: 1
     m._err = lambda rc: b"invalid value"
+    m.max_pitch = 1 << 31
     src, dst = _pools("kv", 16, 0)
     with pytest.raises(RuntimeError, match=r"cudaMemcpy2DAsync of 3 slot\(s\) \(6 rows\): "
                                            r"invalid value \(error 1\)"):
@@ -120,7 +145,7 @@ def test_a_runtime_error_names_the_copy():
 def test_no_runtime_is_loaded_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: tests/cache/test_gpu.py checks the loaded runtime")
-    assert Memcpy2D.load() is None
+    assert Memcpy2D.load("cuda") is None
 
 
 @pytest.mark.parametrize("page", [1, 4])
@@ -140,3 +165,23 @@ def test_a_run_freed_comes_back_a_run_so_its_next_transfer_is_one_copy(page):
     a.free(b)
     a.free(c)
     assert torch.equal(a.alloc(8 * page), c) and torch.equal(a.alloc(8 * page), b)
+
+
+def test_a_state_of_any_rank_backs_up_and_loads_back():
+    """A MAMBA state of four dimensions: its pool's slots are dimension 0 whatever the rank
+    (before, a five-dimensional state buffer was taken for KV, slots at dimension 2, and the
+    transfer copied the wrong elements or failed)."""
+    from radixscope.cache import HiRadixCache
+    from tests.kits.cachekit import Driver, make_config
+
+    c = HiRadixCache(make_config(("full", "mamba"), mamba_state_shape=(2, 3, 4, 5)))
+    d = Driver(c)
+    key = list(range(12))
+    d.insert(key)
+    c.poll(wait=True)
+    c.evict(10**6, component="mamba")
+    c.evict(10**6)
+    lb = c.load_back(c.match_prefix(key))
+    c.poll([lb.transfer_id], wait=True)
+    assert d.verify_device_prefix(key, lb.anchor) == 12
+    c.check()

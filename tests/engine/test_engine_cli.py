@@ -217,6 +217,9 @@ def junk(tmp_path):
     (["run", "--trace"], "radixscope run: error: argument --trace: expected one argument"),
     (["run", "--device", "tpu", "--no-store"], "radixscope run: error: argument --device: "
      "'tpu': must be auto, cpu, cuda or cuda:N"),
+    (["run", "--inject", "lock_evicted_segment", "--device", "cuda", "--no-store"],
+     "radixscope run: error: --inject runs on the CPU (its locating re-run must repeat the "
+     "run), not on device='cuda': drop --device"),
 ])
 def test_bad_run_input(args, message, capsys):
     assert main(args) == 2
