@@ -149,7 +149,7 @@ class Memcpy2D:
             if attr(ctypes.byref(v), _CUDA_DEV_ATTR_MAX_PITCH,
                     torch.cuda.current_device() if index is None else index):
                 return None
-            return cls(lib, v.value)
+            return cls(lib, v.value if v.value > 0 else 2**31 - 1)  # 0: not reported
         except (OSError, AttributeError):
             return None
 
