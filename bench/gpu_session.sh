@@ -5,7 +5,11 @@
 # default run, `radixscope run --device cuda`, then the rest of the suite (no UI: it needs
 # streamlit and a browser). Logs and results land in OUTDIR (default $OUT, else /tmp/gpu-out).
 # Python packages the machine lacks can come as wheels in .whl/ (installed into the running
-# Python's environment, so that the tests' subprocesses see them too).
+# Python's environment, so that the tests' subprocesses see them too), fetched where pip works:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions pyzmq msgspec redis
+#   (and the OTLP / Prometheus exporters with their protobuf packages for their tests)
 set -u
 OUTDIR=${1:-${OUT:-/tmp/gpu-out}}
 mkdir -p "$OUTDIR"
