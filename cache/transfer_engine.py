@@ -2,12 +2,18 @@
 run when asked (``poll``, or a reader that needs them). The engine holds what is in flight;
 the cache (``transfers.Transfers``) decides what to copy and acks it.
 
-Under CUDA a copy between the device and the (pinned) host pool is one DMA per run of slots
-consecutive on both sides (``copy_runs``): no gather, no staging buffer, no CPU copy, so a
-backup or load-back moves at the speed of a plain pinned copy of the same bytes
-(bench/bench_gpu.py). A device-to-device copy (a MAMBA copy-on-write) gathers and scatters on
-the stream. Each CUDA transfer is timed by a pair of events on the side stream: the ack
-reports the copy's own time (``ev.A_COPY_NS``) beside its submit-to-ack span."""
+Under CUDA each component copy between the device and the (pinned) host pool takes one of two
+paths, chosen by the mean bytes a run of slots consecutive on both sides (``staged.copy_path``
+against ``staged_below``):
+- runs (``copy_runs``): one DMA per run, no gather and no CPU copy, so a transfer of long runs
+  moves at the speed of a plain pinned copy of the same bytes (bench/bench_gpu.py);
+- staged (``staged``): a gather, one bulk copy through a reused pinned slab, a scatter; a
+  backup's scatter into the host pool runs on the CPU at the ack, once the event has
+  completed. Few copies whatever the fragmentation: for runs too short to pay a DMA each.
+A device-to-device copy (a MAMBA copy-on-write) gathers and scatters on the stream. Each CUDA
+transfer is timed by a pair of events on the side stream: the ack reports the copies' own time
+on the stream (``ev.A_COPY_NS``; a staged backup's CPU scatter is not in it) beside its
+submit-to-ack span."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from radixscope.cache import events as ev
 from radixscope.cache.copy_runs import Memcpy2D, Rows, check_pair, copy_rows, runs
 from radixscope.cache.pools import KVPool, StatePool
 from radixscope.cache.results import Transfer
+from radixscope.cache.staged import RUNS, STAGED, STAGED_BELOW_BYTES, Stage, StagingSlabs, copy_path
 from radixscope.cache.state import CacheCore
 from radixscope.cache.tiers import Tier
 
@@ -31,20 +38,22 @@ def _tier(name: str) -> Tier:
 class _Pending:
     """A submitted transfer not yet acked: its CUDA events (None on CPU: ``begin`` recorded
     before its copies, ``event`` after), the gathered data a CoW copy scatters from (kept
-    until ``event``), and whether its copies have run (CPU: at ``poll``, or earlier when a
+    until ``event``), its staged copies (their slab held until ``event``; a backup's scatter
+    still to run), and whether its copies have run (CPU: at ``poll``, or earlier when a
     reader needed them)."""
 
-    __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "ran")
+    __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "stage", "ran")
 
     def __init__(self, transfer: Transfer, event: torch.cuda.Event | None, started: int,
                  nbytes: int, keep: list[torch.Tensor] | None = None,
-                 begin: torch.cuda.Event | None = None) -> None:
+                 begin: torch.cuda.Event | None = None, stage: Stage | None = None) -> None:
         self.transfer = transfer
         self.event = event
         self.begin = begin
         self.started = started
         self.nbytes = nbytes
         self.keep = keep
+        self.stage = stage
         self.ran = False
 
     def copy_ns(self) -> int | None:
@@ -55,7 +64,11 @@ class _Pending:
 
 
 class TransferEngine:
-    """Runs transfers: copies on a side CUDA stream with events, or deferred CPU copies."""
+    """Runs transfers: copies on a side CUDA stream with events, or deferred CPU copies.
+
+    ``staged_below`` (bytes, default ``STAGED_BELOW_BYTES``): a CUDA copy whose runs average
+    fewer bytes goes staged (0: never; a bench or test may set it). ``copies`` counts the
+    CUDA copies per path (``RUNS``, ``STAGED``)."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
@@ -64,6 +77,9 @@ class TransferEngine:
         # the runtime's 2-D copy (one DMA a run); None: one copy_ per row of a run instead
         self.memcpy2d = Memcpy2D.load(device) if self.cuda else None
         self._rows: dict[int, Rows] = {}  # id(pool) -> its buffer's geometry
+        self.staged_below = STAGED_BELOW_BYTES
+        self.slabs = StagingSlabs(pin=self.cuda)  # pinned staging, reused across transfers
+        self.copies = {RUNS: 0, STAGED: 0}
 
     def rows(self, pool: KVPool | StatePool) -> Rows:
         """``pool``'s buffer as rows x slots (cached: a pool keeps its buffer)."""
@@ -104,6 +120,7 @@ class TransferEngine:
         begin.record(stream)
         keep = []
         nbytes = 0
+        stage = None
         with torch.cuda.stream(stream):
             for c in t.copies:
                 src = core.pool(core.ci[c.component], _tier(c.src_tier))
@@ -119,26 +136,39 @@ class TransferEngine:
                 sr, dr = self.rows(src), self.rows(dst)
                 check_pair(sr, dr)
                 table = runs(c.src, c.dst)
-                if self.memcpy2d is not None:
+                path = copy_path(table, src.bytes_per_slot, self.staged_below)
+                self.copies[path] += 1
+                if path == STAGED:
+                    if stage is None:  # a transfer's copies all go one way
+                        stage = Stage(to_host=c.dst_tier == ev.TIER_HOST)
+                    stage.add(src.buf, dst.buf, src.slot_dim, c.src, c.dst)
+                elif self.memcpy2d is not None:
                     self.memcpy2d.copy(sr, dr, table, stream.cuda_stream)
                 else:
                     copy_rows(sr, dr, table)
+            if stage is not None:
+                stage.start(self.slabs, stream.device)
         event = torch.cuda.Event(enable_timing=True)
         event.record(stream)
-        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, keep, begin)
+        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, keep, begin, stage)
 
     def make_ready(self, core: CacheCore, tid: int) -> None:
-        """Make transfer ``tid``'s device writes visible to work the caller issues next, without
+        """Make transfer ``tid``'s writes visible to work the caller issues next, without
         acking it. CPU: run its copies now (once). CUDA: the caller's current stream waits on
-        the transfer's event (no host sync)."""
+        the transfer's event (no host sync); a backup with staged copies also waits on the
+        host for the event and scatters into the host pool now (the cache calls this for
+        load-backs only; a backup's host data is read after its ack)."""
         p = self.pending[tid]
         if p.event is None:
             if not p.ran:
                 p.started = time.time_ns()
                 p.nbytes = self.run_cpu(core, p.transfer)
                 p.ran = True
-        else:
-            torch.cuda.current_stream(self.stream.device).wait_event(p.event)
+            return
+        torch.cuda.current_stream(self.stream.device).wait_event(p.event)
+        if p.stage is not None and p.stage.to_host:
+            p.event.synchronize()
+            p.stage.finish(self.slabs)
 
     def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
         """Finished transfers as (transfer, started_ns, bytes, copy_ns or None), removed from
@@ -155,6 +185,8 @@ class TransferEngine:
                 if not wait and not p.event.query():
                     continue
                 p.event.synchronize()
+                if p.stage is not None:
+                    p.stage.finish(self.slabs)  # a backup's scatter; the slab goes back
             del self.pending[tid]
             done.append((p.transfer, p.started, p.nbytes, p.copy_ns()))
         return done
