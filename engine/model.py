@@ -14,6 +14,7 @@ import torch
 
 from radixscope.cache.components import BACKBONE, STATE, WINDOW
 from radixscope.cache.config import CacheConfig
+from radixscope.engine.uploads import PinnedUploads
 
 M1, P1 = 2_147_483_647, 1_000_003  # two 31-bit primes and bases: a 62-bit prefix hash
 M2, P2 = 2_147_483_629, 999_983
@@ -83,7 +84,9 @@ class StandInModel:
     KV values are computed directly in the pool's layout, viewed as ``[layers * 2, slots,
     heads * head_dim]`` (so no permutes), as 24-bit fractions that every float dtype of the pools
     reproduces identically. They are computed on the pools' device (on CUDA, kernels on the
-    compute stream, beside the side stream's copies), and checked there.
+    compute stream, beside the side stream's copies), and checked there; on CUDA the hashes
+    and slot lists go there through reused pinned buffers (``PinnedUploads``), so an upload
+    does not wait for the stream to drain.
 
     Args:
         config: the cache configuration (pool shapes, dtype, sliding window).
@@ -103,6 +106,7 @@ class StandInModel:
                 size *= d
             shapes[STATE] = (1, size)
         self.device = torch.device(config.device)
+        self._uploads = PinnedUploads(self.device) if self.device.type == "cuda" else None
         self._consts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for comp, (rows, cols) in shapes.items():
             g = torch.Generator().manual_seed(_SALTS[comp])
@@ -111,12 +115,16 @@ class StandInModel:
                               dtype=torch.int64).to(self.device)
                 for _ in range(3))
 
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the pools' device (CUDA: queued from pinned memory; CPU: ``t`` itself)."""
+        return t if self._uploads is None else self._uploads.put(t)
+
     # ---- content -------------------------------------------------------------------------
     def values(self, comp: str, hashes: torch.Tensor) -> torch.Tensor:
         """``[rows, n, cols]`` values of ``comp`` at the positions whose prefix hashes are
         ``hashes`` (rows = layers x (k, v) for KV, 1 for MAMBA), on the pools' device."""
         a, b, d = self._consts[comp]
-        hashes = hashes.to(self.device, non_blocking=True)
+        hashes = self._on_device(hashes)
         h1 = hashes[:, 0].contiguous().view(1, -1, 1)
         h2 = hashes[:, 1].contiguous().view(1, -1, 1)
         raw = h1 * a  # < 2**61: the sum below stays under 2**63, so nothing overflows
@@ -141,15 +149,15 @@ class StandInModel:
     def write_kv(self, cache, comp: str, idx: torch.Tensor, hashes: torch.Tensor) -> None:
         if idx.numel():
             view = self._view(cache, comp)
-            view.index_copy_(1, idx.to(view.device), self.values(comp, hashes))
+            view.index_copy_(1, self._on_device(idx), self.values(comp, hashes))
 
     def write_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor) -> None:
-        cache.device_pools[cache.ci[STATE]].write(slot, self.state(hash_row))
+        cache.device_pools[cache.ci[STATE]].write(self._on_device(slot), self.state(hash_row))
 
     def write_states(self, cache, slots: torch.Tensor, hashes: torch.Tensor) -> None:
         """One state per slot: ``slots[i]`` gets the state after the prefix ``hashes[i]``."""
         states = self.values(STATE, hashes).view(-1, *self.config.mamba_state_shape)
-        cache.device_pools[cache.ci[STATE]].write(slots, states)
+        cache.device_pools[cache.ci[STATE]].write(self._on_device(slots), states)
 
     # ---- verification ----------------------------------------------------------------------
     def verify_kv(self, cache, comp: str, idx: torch.Tensor, hashes: torch.Tensor,
@@ -159,7 +167,7 @@ class StandInModel:
         if idx.numel() == 0:
             return
         view = self._view(cache, comp)
-        got = view.index_select(1, idx.to(view.device))
+        got = view.index_select(1, self._on_device(idx))
         want = self.values(comp, hashes)
         if torch.equal(got, want):
             return
@@ -170,7 +178,7 @@ class StandInModel:
     def verify_state(self, cache, slot: torch.Tensor, hash_row: torch.Tensor, position: int,
                      req_id: str) -> None:
         """Raise ``ContentMismatch`` unless MAMBA ``slot`` holds the state after ``position``."""
-        got = cache.device_pools[cache.ci[STATE]].read(slot)
+        got = cache.device_pools[cache.ci[STATE]].read(self._on_device(slot))
         if not torch.equal(got, self.state(hash_row)):
             raise ContentMismatch(req_id, STATE, position, int(slot[0]), "state")
 
