@@ -1,7 +1,8 @@
 """CUDA paths: device pools on the GPU, pinned host pools, transfers on a side stream with
-events (one 2-D DMA a run of slots), the match contract under CUDA (the caller's stream waits
-on a load-back still in flight), and the fuzzer's content checks with the copies on the GPU.
-Skipped without CUDA (see tests/conftest.py)."""
+events (one 2-D DMA a run of slots, or staged through pinned slabs), the match contract under
+CUDA (the caller's stream waits on a load-back still in flight), and the fuzzer's content
+checks with the copies on the GPU, on either path. Skipped without CUDA (see
+tests/conftest.py); more of the staged path in tests/cache/test_gpu_staged.py."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import torch
 from radixscope.cache import HiRadixCache
 from radixscope.cache import events as ev
 from radixscope.cache.events import FlightRecorder
+from radixscope.cache.staged import RUNS, STAGED
 from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, kv_for, make_config
-from tests.kits.fuzzkit import fuzz
+from tests.kits.fuzzkit import Fuzzer
+
+ALWAYS = 1 << 62  # a ``staged_below`` every copy is under
 
 pytestmark = pytest.mark.gpu
 
@@ -33,12 +37,19 @@ def test_pools_live_on_the_gpu_and_host_pools_are_pinned():
     assert c.engine.memcpy2d is not None, "the CUDA runtime's 2-D copy was not found"
 
 
-@pytest.mark.parametrize("two_d", [True, False], ids=["memcpy2d", "rows"])
+def force(c: HiRadixCache, path: str) -> None:
+    """Send every copy of ``c`` down ``path``: memcpy2d, rows (the per-row fallback of the
+    runs) or staged."""
+    c.engine.staged_below = ALWAYS if path == STAGED else 0
+    if path == "rows":
+        c.engine.memcpy2d = None
+
+
+@pytest.mark.parametrize("path", ["memcpy2d", "rows", STAGED])
 @pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
-def test_backup_and_load_back_round_trip_on_the_side_stream(components, two_d):
+def test_backup_and_load_back_round_trip_on_the_side_stream(components, path):
     c, d = gpu_cache(components)
-    if not two_d:
-        c.engine.memcpy2d = None  # the per-row fallback
+    force(c, path)
     key = list(range(40))
     r = d.insert(key)
     assert r.backups and c.engine.pending[r.backups[0]].event is not None  # a CUDA event
@@ -51,6 +62,8 @@ def test_backup_and_load_back_round_trip_on_the_side_stream(components, two_d):
     assert c.poll([lb.transfer_id], wait=True) == [lb.transfer_id]
     assert d.verify_device_prefix(key, lb.anchor) == 40
     c.check()
+    on = c.engine.copies
+    assert (on[STAGED] > 0, on[RUNS] > 0) == ((True, False) if path == STAGED else (False, True))
 
 
 def test_poll_without_wait_acks_only_finished_transfers():
@@ -63,10 +76,12 @@ def test_poll_without_wait_acks_only_finished_transfers():
     c.check()
 
 
-def test_a_transfer_ack_records_its_copy_time_on_the_side_stream():
+@pytest.mark.parametrize("path", ["memcpy2d", STAGED])
+def test_a_transfer_ack_records_its_copy_time_on_the_side_stream(path):
     rec = FlightRecorder()
     c = HiRadixCache(make_config(("full",), device="cuda", device_tokens=256, host_tokens=512),
                      recorder=rec)
+    force(c, path)
     d = Driver(c)
     key = list(range(64))
     d.insert(key)
@@ -82,15 +97,18 @@ def test_a_transfer_ack_records_its_copy_time_on_the_side_stream():
         assert o.attrs[ev.A_BYTES] == 64 * c.device_pools[0].bytes_per_slot
 
 
+@pytest.mark.parametrize("path", ["memcpy2d", STAGED])
 @pytest.mark.parametrize("page", [1, 16])
-def test_a_match_during_a_load_back_reads_the_loaded_kv_on_the_callers_stream(page):
+def test_a_match_during_a_load_back_reads_the_loaded_kv_on_the_callers_stream(page, path):
     """The contract of ``match_prefix`` under CUDA: the returned slots are readable by work the
     caller issues next on its stream, with the load-back still running (no poll, no sync).
     256 MB of KV keep the DMA busy for milliseconds, so a read that did not wait on the
-    transfer's event sees the poison."""
+    transfer's event sees the poison. Staged: the upload of the slab and the scatter after it
+    are what the caller's stream must wait for."""
     n = 1024
     c, d = gpu_cache(layers=32, heads=8, head_dim=128, page_size=page, device_tokens=2 * n,
                      host_tokens=2 * n)
+    force(c, path)
     key = list(range(n))
     d.insert(key)
     c.poll(wait=True)
@@ -107,11 +125,19 @@ def test_a_match_during_a_load_back_reads_the_loaded_kv_on_the_callers_stream(pa
     c.check()
 
 
+@pytest.mark.parametrize("path", [STAGED, RUNS])
 @pytest.mark.parametrize("page", [1, 4])
 @pytest.mark.parametrize("components", COMBOS, ids=COMBO_IDS)
-def test_fuzz_with_the_copies_on_the_gpu(components, page):
+def test_fuzz_with_the_copies_on_the_gpu(components, page, path):
     """The CI fuzz profile's operations and content checks (every slot a match returns, every
-    CoW, load-backs left in flight and polled out of order) on CUDA pools."""
-    stats = fuzz(components, page, "write_through", seed=21, ops=1500, device="cuda")
+    CoW, load-backs left in flight and polled out of order) on CUDA pools. Its shapes are
+    tiny (64 B a FULL slot), so the default threshold stages every copy; a threshold of 0
+    sends them all down the runs."""
+    f = Fuzzer(components, page, "write_through", 21, device="cuda")
+    if path == RUNS:
+        f.c.engine.staged_below = 0
+    stats = f.run(1500)
     assert (stats.violations, stats.mismatches) == (0, 0), stats.first_failure
     assert stats.ops == 1500 and stats.positions > 0
+    on = f.c.engine.copies
+    assert on[path] > 0 and on[STAGED if path == RUNS else RUNS] == 0, on
