@@ -56,8 +56,8 @@ def _aligned(n: int) -> int:
 class StagingSlabs:
     """Pinned byte slabs for staged copies, reused across transfers.
 
-    ``take`` hands out the smallest free slab that fits (a new one, a power of two, when none
-    does); ``give`` takes it back, which the caller does only once no copy into or out of it
+    ``take`` hands out the smallest free slab that fits (a new one, a little larger than asked,
+    when none does); ``give`` takes it back, which the caller does only once no copy into or out of it
     can still run. So each transfer in flight holds its own slab and pinning (slow) happens
     only when the set grows. At most ``keep`` free slabs are kept (the smallest go first).
 
@@ -77,7 +77,8 @@ class StagingSlabs:
         if fits:
             return self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
         self.made += 1
-        size = max(_MIN_SLAB, 1 << max(nbytes - 1, 0).bit_length())
+        q = 1 << max(nbytes.bit_length() - 3, 0)  # round up by at most an eighth
+        size = max(_MIN_SLAB, -(-nbytes // q) * q)
         return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
 
     def give(self, slab: torch.Tensor) -> None:

@@ -6,8 +6,8 @@ Host values (backup) or device values (load-back) are set when the transfer is c
 nodes involved stay pinned (device lock + host ref) until ``poll`` acks the copy.
 
 Under CUDA the copies run on a side stream fenced behind the current stream, one DMA per run
-of slots between the device pool and the pinned host pool (``transfer_engine``), and an event
-marks completion. On CPU a transfer runs when ``poll`` asks for it, in the order asked, so
+of slots between the device pool and the pinned host pool, or staged through pinned memory
+when the runs are tiny (``transfer_engine``), and an event marks completion. On CPU a transfer runs when ``poll`` asks for it, in the order asked, so
 tests choose the completion order.
 """
 
