@@ -42,18 +42,19 @@ class _Pending:
     still to run), and whether its copies have run (CPU: at ``poll``, or earlier when a
     reader needed them)."""
 
-    __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "stage", "ran")
+    __slots__ = ("transfer", "event", "begin", "started", "nbytes", "keep", "stages", "ran")
 
     def __init__(self, transfer: Transfer, event: torch.cuda.Event | None, started: int,
                  nbytes: int, keep: list[torch.Tensor] | None = None,
-                 begin: torch.cuda.Event | None = None, stage: Stage | None = None) -> None:
+                 begin: torch.cuda.Event | None = None, stages: tuple[Stage, ...] = ()
+                 ) -> None:
         self.transfer = transfer
         self.event = event
         self.begin = begin
         self.started = started
         self.nbytes = nbytes
         self.keep = keep
-        self.stage = stage
+        self.stages = stages
         self.ran = False
 
     def copy_ns(self) -> int | None:
@@ -120,7 +121,7 @@ class TransferEngine:
         begin.record(stream)
         keep = []
         nbytes = 0
-        stage = None
+        stages: dict[bool, Stage] = {}  # to host? -> its staged copies
         with torch.cuda.stream(stream):
             for c in t.copies:
                 src = core.pool(core.ci[c.component], _tier(c.src_tier))
@@ -138,19 +139,20 @@ class TransferEngine:
                 table = runs(c.src, c.dst)
                 path = copy_path(table, src.bytes_per_slot, self.staged_below)
                 self.copies[path] += 1
-                if path == STAGED:
-                    if stage is None:  # a transfer's copies all go one way
-                        stage = Stage(to_host=c.dst_tier == ev.TIER_HOST)
+                if path == STAGED:  # one stage a direction (a transfer goes one way)
+                    to_host = c.dst_tier == ev.TIER_HOST
+                    stage = stages.get(to_host) or stages.setdefault(to_host, Stage(to_host))
                     stage.add(src.buf, dst.buf, src.slot_dim, c.src, c.dst)
                 elif self.memcpy2d is not None:
                     self.memcpy2d.copy(sr, dr, table, stream.cuda_stream)
                 else:
                     copy_rows(sr, dr, table)
-            if stage is not None:
+            for stage in stages.values():
                 stage.start(self.slabs, stream.device)
         event = torch.cuda.Event(enable_timing=True)
         event.record(stream)
-        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, keep, begin, stage)
+        self.pending[t.transfer_id] = _Pending(t, event, started, nbytes, keep, begin,
+                                               tuple(stages.values()))
 
     def make_ready(self, core: CacheCore, tid: int) -> None:
         """Make transfer ``tid``'s writes visible to work the caller issues next, without
@@ -166,9 +168,11 @@ class TransferEngine:
                 p.ran = True
             return
         torch.cuda.current_stream(self.stream.device).wait_event(p.event)
-        if p.stage is not None and p.stage.to_host:
+        if any(s.to_host for s in p.stages):
             p.event.synchronize()
-            p.stage.finish(self.slabs)
+            for s in p.stages:
+                if s.to_host:
+                    s.finish(self.slabs)
 
     def collect(self, core: CacheCore, ids: list[int] | None, wait: bool) -> list[tuple]:
         """Finished transfers as (transfer, started_ns, bytes, copy_ns or None), removed from
@@ -185,8 +189,8 @@ class TransferEngine:
                 if not wait and not p.event.query():
                     continue
                 p.event.synchronize()
-                if p.stage is not None:
-                    p.stage.finish(self.slabs)  # a backup's scatter; the slab goes back
+                for s in p.stages:
+                    s.finish(self.slabs)  # a backup's scatter; the slab goes back
             del self.pending[tid]
             done.append((p.transfer, p.started, p.nbytes, p.copy_ns()))
         return done
