@@ -213,6 +213,10 @@ class Case:
         want = {STAGED: STAGED, "memcpy2d": RUNS, "rows": RUNS}.get(self.path)
         if want is not None and set(k for k, v in on.items() if v) != {want}:
             raise AssertionError(f"path {self.path}: the copies went {on}")
+        m2d = self.c.engine.memcpy2d
+        if self.path == "memcpy2d" and (m2d is None or m2d.row_copies):
+            raise AssertionError(f"path memcpy2d: runs went row by row (max pitch "
+                                 f"{getattr(m2d, 'max_pitch', None)} B)")
 
 
 def cases(a: argparse.Namespace, cuda: bool) -> list[tuple[Shape, int, str, str]]:

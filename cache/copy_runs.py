@@ -24,7 +24,8 @@ import torch
 
 # cudaMemcpyDefault: the direction from the pointers (unified addressing)
 _CUDA_MEMCPY_DEFAULT = 4
-_CUDA_DEV_ATTR_MAX_PITCH = 27
+# cudaDevAttrMaxPitch (the driver's CU_DEVICE_ATTRIBUTE_MAX_PITCH): the largest pitch in bytes
+_CUDA_DEV_ATTR_MAX_PITCH = 11
 
 
 def runs(src: torch.Tensor | np.ndarray, dst: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -129,6 +130,7 @@ class Memcpy2D:
         self._fn = fn
         self._err = err
         self.max_pitch = max_pitch
+        self.row_copies = 0  # runs copied row by row (a state pool, or a pitch past the limit)
 
     @classmethod
     def load(cls, device: str) -> Memcpy2D | None:
@@ -159,6 +161,7 @@ class Memcpy2D:
         stream instead (the caller makes it ``stream``)."""
         if src.rows == 1 or max(src.pitch, dst.pitch) > self.max_pitch:
             copy_rows(src, dst, table)
+            self.row_copies += len(table)
             return
         check_table(src, dst, table)
         width_per_slot = src.inner * src.esize

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixscope.cache import copy_runs
 from radixscope.cache.copy_runs import Memcpy2D, Rows, check_pair, copy_rows, runs
 from radixscope.cache.pools import KVPool, StatePool
 
@@ -69,6 +70,7 @@ def _emulated_memcpy2d(max_pitch: int = 1 << 31) -> Memcpy2D:
     m._fn = fn
     m._err = lambda rc: b"emulated"
     m.max_pitch = max_pitch
+    m.row_copies = 0
     m.calls = calls
     return m
 
@@ -109,7 +111,13 @@ def test_a_pitch_past_the_devices_limit_copies_rows_instead():
     want[:, :, 8:20] = src.buf[:, :, 3:15]
     m = _emulated_memcpy2d(max_pitch=Rows(dst.buf, 2).pitch - 1)
     m.copy(Rows(src.buf, 2), Rows(dst.buf, 2), runs(np.arange(3, 15), np.arange(8, 20)), 7)
-    assert m.calls == [] and torch.equal(dst.buf, want)
+    assert m.calls == [] and torch.equal(dst.buf, want) and m.row_copies == 1
+
+
+def test_the_max_pitch_asked_of_the_runtime_is_cuda_dev_attr_max_pitch():
+    # regression: 27 (a 2-D layered texture's width, 32 KiB) was asked instead, so on a GPU
+    # every KV pool's runs went row by row; the value is the runtime's and the driver's enum
+    assert copy_runs._CUDA_DEV_ATTR_MAX_PITCH == 11
 
 
 @pytest.mark.parametrize("table", [[[60, 0, 8]], [[0, 70, 4]], [[-1, 0, 2]]])

@@ -35,6 +35,19 @@ def test_pools_live_on_the_gpu_and_host_pools_are_pinned():
         assert not host.buf.is_cuda and host.buf.is_pinned()
     assert c.engine.cuda and c.engine.stream is not None
     assert c.engine.memcpy2d is not None, "the CUDA runtime's 2-D copy was not found"
+    # the device's real limit (2 GiB - 1 on every CUDA GPU so far), not another attribute's
+    assert c.engine.memcpy2d.max_pitch >= 1 << 30
+
+
+def test_a_kv_pool_copies_its_runs_as_2d_copies_not_row_by_row():
+    # regression: the max-pitch query asked for another attribute (27, a texture width of
+    # 32 KiB), so every KV pool's pitch was "past the limit" and each run went row by row
+    c, d = gpu_cache(("full",))
+    force(c, "memcpy2d")
+    r = d.insert(list(range(64)))
+    assert c.poll(wait=True) == list(r.backups)
+    m2d = c.engine.memcpy2d
+    assert c.engine.copies[RUNS] >= 1 and m2d.row_copies == 0, m2d.max_pitch
 
 
 def force(c: HiRadixCache, path: str) -> None:
