@@ -3,7 +3,8 @@
 The loops that cost a request most when written as numpy / array calls, each one C pass with no
 temporaries: insert's slot guard (``check_split``), the key compare of a descent step
 (``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``); and
-``untrack``, which takes a tree node's acyclic containers off the garbage collector's lists.
+``untrack``, which takes a tree node's acyclic containers off the garbage collector's lists;
+``fill_slots``, which sets a result's slots in one call (the results' ``__init__``).
 ``cache/native.py`` loads this module and holds the pure-Python versions they must agree with
 (tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when
 the module is not built. Every kernel takes buffers (numpy arrays, ``array('Q')``), checks their
@@ -15,8 +16,9 @@ the GIL and never calls back into Python. ``ABI`` changes whenever a signature o
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h> /* T_OBJECT_EX, READONLY (Py_T_OBJECT_EX from 3.12) */
 
-#define NATIVE_ABI 3
+#define NATIVE_ABI 4
 
 /* The kinds of buffer the kernels take: 8-byte integers (page and slot ids, token ids), 4- or
    8-byte integers (the free stack), bytes (the bitmaps). */
@@ -365,12 +367,56 @@ untrack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(fill_slots_doc,
+"fill_slots(obj, slots, *values) -> None\n\n"
+"Set each slot of ``obj`` named by ``slots`` (a tuple of its type's member descriptors, as\n"
+"``__slots__`` makes them) to the value at the same place, as ``slots[i].__set__(obj, v)``\n"
+"would, in one call: a frozen result's ``__init__`` (cache/results.py). Every descriptor and\n"
+"the value count are checked before any slot is set.");
+
+static PyObject *
+fill_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 2 || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "fill_slots takes (obj, slots: tuple, *values)");
+        return NULL;
+    }
+    PyObject *obj = args[0], *slots = args[1];
+    Py_ssize_t n = PyTuple_GET_SIZE(slots);
+    if (nargs - 2 != n) {
+        PyErr_Format(PyExc_TypeError, "fill_slots: %zd values for %zd slots", nargs - 2, n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(slots, i);
+        if (!PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "fill_slots: slots[%zd] is %R, not a member descriptor",
+                         i, d);
+            return NULL;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)
+            || !PyObject_TypeCheck(obj, PyDescr_TYPE(d))) {
+            PyErr_Format(PyExc_TypeError, "fill_slots: %R is not a writable object slot of %R",
+                         d, Py_TYPE(obj));
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyMemberDef *m = ((PyMemberDescrObject *)PyTuple_GET_ITEM(slots, i))->d_member;
+        PyObject **addr = (PyObject **)((char *)obj + m->offset);
+        Py_XSETREF(*addr, Py_NewRef(args[2 + i]));
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef native_methods[] = {
     {"check_split", check_split, METH_VARARGS, check_split_doc},
     {"common_len", common_len, METH_VARARGS, common_len_doc},
     {"alloc_pages", alloc_pages, METH_VARARGS, alloc_pages_doc},
     {"free_pages", free_pages, METH_VARARGS, free_pages_doc},
     {"untrack", (PyCFunction)(void (*)(void))untrack, METH_FASTCALL, untrack_doc},
+    {"fill_slots", (PyCFunction)(void (*)(void))fill_slots, METH_FASTCALL, fill_slots_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,8 +23,8 @@ from array import array
 
 import numpy as np
 
-NAMES = ("check_split", "common_len", "alloc_pages", "free_pages", "untrack")
-ABI = 3  # _native.c's NATIVE_ABI: a build with another number is stale
+NAMES = ("check_split", "common_len", "alloc_pages", "free_pages", "untrack", "fill_slots")
+ABI = 4  # _native.c's NATIVE_ABI: a build with another number is stale
 
 
 
@@ -154,6 +154,14 @@ def free_pages_py(pages: np.ndarray, used: np.ndarray, tree: np.ndarray, stack: 
     return top + n
 
 
+def fill_slots_py(obj: object, slots: tuple, *values: object) -> None:
+    """``fill_slots`` where the module was not built: each slot through its descriptor."""
+    if len(values) != len(slots):
+        raise TypeError(f"fill_slots: {len(values)} values for {len(slots)} slots")
+    for d, v in zip(slots, values, strict=True):
+        d.__set__(obj, v)
+
+
 def untrack_py(*objs: object) -> None:
     """``untrack`` where the module was not built: Python cannot take an object off the
     collector's lists, so they stay tracked (collections scan them; nothing else differs)."""
@@ -164,3 +172,4 @@ common_len = common_len_py if _native is None else _native.common_len
 alloc_pages = alloc_pages_py if _native is None else _native.alloc_pages
 free_pages = free_pages_py if _native is None else _native.free_pages
 untrack = untrack_py if _native is None else _native.untrack
+fill_slots = fill_slots_py if _native is None else _native.fill_slots

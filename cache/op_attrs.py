@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixscope.cache import events as ev
+from radixscope.cache.results import MatchResult
 
 
 def _match(cache, out, args) -> tuple:
-    if out.prefetch_status == "off":
+    # a type test, not ``out.prefetch_status``: on a plain match that is a class attribute, a
+    # read no interpreter specializes
+    if type(out) is MatchResult or out.prefetch_status == "off":
         return (out.key_len, out.device_prefix_len, out.host_hit_length, out.swa_host_hit_length,
                 out.mamba_host_hit_length, out.last_device_node, out.best_match_node,
                 out.extra_key, out.branch_len or None)

@@ -7,26 +7,38 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from radixscope.cache.native import fill_slots
 
-def _fast_init(cls):
-    """Give a frozen dataclass an ``__init__`` with the same signature that fills the
-    instance's ``__dict__`` directly. The generated one calls ``object.__setattr__`` per field
-    (about 0.3 us each: 4.5 us for a ``MatchResult``, on every op of the hot path); this costs
-    about one dict store per field. Instances stay frozen (``__setattr__`` still raises) and
-    compare, hash, print, pickle and ``dataclasses.replace`` as before. Only for plain defaults
-    and no ``__post_init__``."""
-    fields = dataclasses.fields(cls)
+
+def _record(cls):
+    """``cls`` as a frozen dataclass with ``__slots__`` and an ``__init__`` of the same
+    signature that sets all its slots in one native call (``native.fill_slots``).
+
+    Slots, not a ``__dict__``: the interpreter reads a slot with a specialized load that stays
+    specialized. A ``__dict__`` filled in ``__init__`` (the frozen ``__setattr__`` forbids
+    ``self.x = x``) is a split dict, whose reads CPython 3.11 and 3.12 specialize and then
+    de-optimize on every read, so each read of a result's field took the generic lookup: the
+    caller's, and the ledger's attribute builders' on every recorded op (issue 17). The
+    dataclass's own frozen ``__init__`` calls ``object.__setattr__`` per field (about 4.5 us
+    for a ``MatchResult``); this one costs one call. Instances stay frozen (``__setattr__``
+    raises) and compare, hash, print, pickle and ``dataclasses.replace`` as dataclasses do.
+    Only for plain defaults and no ``__post_init__``."""
+    cls = dataclass(frozen=True, slots=True)(cls)
     assert not hasattr(cls, "__post_init__")
-    params, body, env = [], [], {}
-    for f in fields:
+    params, names, env = [], [], {"_fill": fill_slots}
+    for f in dataclasses.fields(cls):
         assert f.default_factory is dataclasses.MISSING and f.init, f.name
         if f.default is dataclasses.MISSING:
             params.append(f.name)
         else:
             env[f"_d_{f.name}"] = f.default
             params.append(f"{f.name}=_d_{f.name}")
-        body.append(f"    d[{f.name!r}] = {f.name}")
-    src = f"def __init__(self, {', '.join(params)}):\n    d = self.__dict__\n" + "\n".join(body)
+        names.append(f.name)
+    # each field's member descriptor (a subclass's inherited fields live on its base)
+    env["_slots"] = tuple(next(k.__dict__[n] for k in cls.__mro__ if n in k.__dict__)
+                          for n in names)
+    src = (f"def __init__(self, {', '.join(params)}):\n"
+           f"    _fill(self, _slots, {', '.join(names)})")
     exec(src, env)  # noqa: S102 - generated from the class's own field names
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
@@ -52,8 +64,7 @@ class TransferId(int):
         return (TransferId, (int(self), self.cache_instance))
 
 
-@_fast_init
-@dataclass(frozen=True)
+@_record
 class MatchResult:
     """What ``match_prefix`` found.
 
@@ -121,8 +132,7 @@ class MatchResult:
         return self.device_prefix_len + self.host_hit_length
 
 
-@_fast_init
-@dataclass(frozen=True)
+@_record
 class StorageMatchResult(MatchResult):
     """A ``MatchResult`` of ``match_prefix(..., prefetch=True)`` on a cache with storage: the
     same fields plus the prefetch's (see ``MatchResult``)."""
@@ -137,8 +147,7 @@ class StorageMatchResult(MatchResult):
                    prefetch_status=status, prefetch_tokens=tokens, storage_hit_length=hit)
 
 
-@_fast_init
-@dataclass(frozen=True)
+@_record
 class InsertResult:
     """``prefix_len``: tokens of the key already in the tree (device or host) before the insert;
     the caller's slots for that part were freed, except below ``prev_prefix_len``.
@@ -157,8 +166,7 @@ class InsertResult:
     mamba_branch_exist: bool = False
 
 
-@_fast_init
-@dataclass(frozen=True)
+@_record
 class LockReceipt:
     """Proof of a lock. ``unlock`` replays the pins the cache keeps under ``receipt_id``.
 
@@ -176,8 +184,7 @@ class LockReceipt:
     cache_instance: int = 0
 
 
-@_fast_init
-@dataclass(frozen=True)
+@_record
 class EvictResult:
     requested: int
     freed: tuple[tuple[str, int], ...]  # per component, slots freed on this tier

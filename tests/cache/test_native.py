@@ -290,3 +290,41 @@ def test_a_stale_or_missing_build_is_not_loaded(monkeypatch, caplog) -> None:
         monkeypatch.setenv("RADIXSCOPE_NATIVE", "0")
         assert native.load_built("radixscope.cache._native", native.ABI, "x.c", "y") is None
 
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+
+class _Other:
+    __slots__ = ("a",)
+
+
+_SLOTS = (_Slotted.__dict__["a"], _Slotted.__dict__["b"])
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_fill_slots_sets_every_slot_or_refuses_before_setting_any(impl) -> None:
+    if impl == "native":
+        needs_native()
+    fill = C.fill_slots if impl == "native" else native.fill_slots_py
+    o = _Slotted()
+    fill(o, _SLOTS, 1, [2])
+    assert (o.a, o.b) == (1, [2])
+    fill(o, _SLOTS, "x", None)  # set again: the old values released
+    assert (o.a, o.b) == ("x", None)
+    fresh = _Slotted()
+    with pytest.raises(TypeError, match="1 values for 2 slots"):
+        fill(fresh, _SLOTS, 1)
+    if impl == "native":  # the native one checks every descriptor before it writes
+        for slots, what in (((_SLOTS[0], "b"), "not a member descriptor"),
+                            ((_SLOTS[0], _Other.__dict__["a"]), "not a writable object slot"),
+                            ((type.__dict__["__name__"],) * 2, "not a member descriptor"),
+                            ((int.__dict__["real"],) * 2, "not a member descriptor")):
+            with pytest.raises(TypeError, match=what):
+                fill(fresh, slots, 1, 2)
+        with pytest.raises(TypeError, match="not a writable object slot"):
+            fill(_Other(), _SLOTS, 1, 2)  # a slot of another type
+        with pytest.raises(TypeError, match="takes"):
+            fill(fresh, list(_SLOTS), 1, 2)
+        assert not hasattr(fresh, "a") and not hasattr(fresh, "b")
