@@ -36,7 +36,7 @@ no finalizer can take or record while the decoded mutations are in neither place
 
 #include "_direct.h"
 
-#define LEDGER_ABI 3
+#define LEDGER_ABI 4
 
 typedef struct {
     PyObject_HEAD
@@ -50,6 +50,8 @@ typedef struct {
     PyObject *state_kind;        /* set_states: the kind of ``state``'s mutations, */
     PyObject *state_names;       /* each component's name (a tuple), */
     PyObject *state_sizes;       /* and per component a tuple of per-tier size callables */
+    PyObject *pool_kind;         /* set_pools: the kind of ``pool``'s mutations, */
+    PyObject *pool_tiers;        /* each tier's label (a tuple) */
     PyObject *cur_obj;           /* cur_op as an int object, made once per op (NULL: none) */
     long long cur_obj_val;       /* the value cur_obj holds */
     PyObject *weakreflist;
@@ -641,6 +643,22 @@ done:
     return out;
 }
 
+/* ``v`` as ``operator.index`` takes it, in [0, n); else -1 with IndexError("{what} {v!r} out
+   of range") or index's own TypeError. */
+static Py_ssize_t
+index_below(PyObject *v, Py_ssize_t n, const char *what)
+{
+    Py_ssize_t i = PyNumber_AsSsize_t(v, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_IndexError))
+        return -1;
+    if (PyErr_Occurred() || i < 0 || i >= n) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_IndexError, "%s %R out of range", what, v);
+        return -1;
+    }
+    return i;
+}
+
 static PyObject *
 ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -655,14 +673,10 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "state: set_states(kind, names, sizes) was not called");
         return NULL;
     }
-    Py_ssize_t ci = PyNumber_AsSsize_t(args[1], PyExc_IndexError); /* operator.index(ci) */
-    if (ci == -1 && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_IndexError))
+    Py_ssize_t ci = index_below(args[1], PyTuple_GET_SIZE(L->state_names),
+                                "state: component index");
+    if (ci < 0)
         return NULL;
-    if (PyErr_Occurred() || ci < 0 || ci >= PyTuple_GET_SIZE(L->state_names)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_IndexError, "state: component index %R out of range", args[1]);
-        return NULL;
-    }
     /* held: set_states may run (from Python code a size callable runs) while this one does */
     PyObject *kind = Py_NewRef(L->state_kind);
     PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
@@ -727,6 +741,73 @@ ledger_set_states(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+ledger_set_pools(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_pools takes (kind, tiers)");
+        return NULL;
+    }
+    PyObject *kind = args[0], *tiers = args[1];
+    /* the checks of ledger.check_pools, before anything is kept */
+    if (!PyUnicode_Check(kind)) {
+        PyErr_Format(PyExc_TypeError, "kind must be a str, got %R", kind);
+        return NULL;
+    }
+    int ok = PyTuple_CheckExact(tiers);
+    for (Py_ssize_t t = 0; ok && t < PyTuple_GET_SIZE(tiers); t++)
+        ok = PyUnicode_Check(PyTuple_GET_ITEM(tiers, t));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "tiers must be a tuple of str labels, got %R", tiers);
+        return NULL;
+    }
+    PyObject *old[2] = {L->pool_kind, L->pool_tiers}; /* both replaced first, as set_states */
+    L->pool_kind = Py_NewRef(kind);
+    L->pool_tiers = Py_NewRef(tiers);
+    for (int i = 0; i < 2; i++)
+        Py_XDECREF(old[i]);
+    Py_RETURN_NONE;
+}
+
+/* ``m(pool_kind, None, names[ci], tiers[tier], available)``: a pool's new free count, with
+   the names set_states and set_pools gave; no Python frame at the cache's alloc and free. */
+static PyObject *
+ledger_pool(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Ledger *L = (Ledger *)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pool takes (ci, tier, available)");
+        return NULL;
+    }
+    if (!L->on)
+        Py_RETURN_NONE;
+    if (L->pool_kind == NULL || L->state_names == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "pool: set_pools(kind, tiers) and set_states(kind, names, sizes) were "
+                        "not both called");
+        return NULL;
+    }
+    Py_ssize_t ci = index_below(args[0], PyTuple_GET_SIZE(L->state_names),
+                                "pool: component index");
+    if (ci < 0)
+        return NULL;
+    Py_ssize_t t = index_below(args[1], PyTuple_GET_SIZE(L->pool_tiers), "pool: tier");
+    if (t < 0)
+        return NULL;
+    /* held: a finalizer run by an allocation below may call set_states or set_pools */
+    PyObject *kind = Py_NewRef(L->pool_kind);
+    PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
+    PyObject *label = Py_NewRef(PyTuple_GET_ITEM(L->pool_tiers, t));
+    int r = append_mutation(L, kind, Py_None, name, label, args[2]);
+    Py_DECREF(kind);
+    Py_DECREF(name);
+    Py_DECREF(label);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 ledger_take(PyObject *self, PyObject *unused)
 {
     Ledger *L = (Ledger *)self;
@@ -757,6 +838,10 @@ static PyMethodDef ledger_methods[] = {
     {"set_states", (PyCFunction)(void (*)(void))ledger_set_states, METH_FASTCALL,
      "set_states(kind, names, sizes): the mutation kind, component names and per-tier size "
      "callables state() uses."},
+    {"pool", (PyCFunction)(void (*)(void))ledger_pool, METH_FASTCALL,
+     "pool(ci, tier, available): a pool's free count, numbered and kept (see set_pools)."},
+    {"set_pools", (PyCFunction)(void (*)(void))ledger_set_pools, METH_FASTCALL,
+     "set_pools(kind, tiers): the mutation kind and tier labels pool() uses."},
     {"take", ledger_take, METH_NOARGS, "take(): the mutations kept so far (a fresh list follows)."},
     {NULL, NULL, 0, NULL},
 };
@@ -878,6 +963,8 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
     Py_CLEAR(L->state_kind); /* set_states again, as PyLedger.__init__ forgets them */
     Py_CLEAR(L->state_names);
     Py_CLEAR(L->state_sizes);
+    Py_CLEAR(L->pool_kind);
+    Py_CLEAR(L->pool_tiers);
     L->on = on;
     L->seq = L->op_id = L->cur_op = L->depth = 0;
     L->api = api;
@@ -916,6 +1003,8 @@ ledger_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(L->state_kind);
     Py_VISIT(L->state_names);
     Py_VISIT(L->state_sizes);
+    Py_VISIT(L->pool_kind);
+    Py_VISIT(L->pool_tiers);
     Py_VISIT(L->cur_obj);
     return 0;
 }
@@ -934,6 +1023,8 @@ ledger_clear(PyObject *self)
     Py_CLEAR(L->state_kind);
     Py_CLEAR(L->state_names);
     Py_CLEAR(L->state_sizes);
+    Py_CLEAR(L->pool_kind);
+    Py_CLEAR(L->pool_tiers);
     Py_CLEAR(L->cur_obj);
     /* muts stays a list: every method may rely on it */
     return 0;

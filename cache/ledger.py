@@ -13,6 +13,9 @@ the mutations of the op running now, and runs every public operation:
   and per-tier size callables given by ``set_states(kind, names, sizes)``, the value
   ``(lens, refs)`` (each tier's value measured, None where there is none; the refs as a tuple).
   It is the cache's most frequent state change (two a request), so it is one call here.
+- ``pool(ci, tier, available)`` records a pool's new free count as ``m`` would, with the kind
+  and tier labels given by ``set_pools(kind, tiers)`` and the component names of
+  ``set_states``: one C call at each alloc and free, no Python frame.
 - ``take()`` hands over the mutations kept so far (a record made outside ``run``).
 
 What goes wrong is the cache's to report, through three of its methods the ledger calls (it
@@ -66,7 +69,7 @@ from collections.abc import Callable
 
 from radixscope.cache.native import load_built
 
-ABI = 3  # _ledger.c's LEDGER_ABI: a build with another number is stale
+ABI = 4  # _ledger.c's LEDGER_ABI: a build with another number is stale
 _time_ns = time.time_ns
 
 
@@ -74,7 +77,7 @@ class PyLedger:
     """The ledger in Python (the reference ``_ledger.c`` is held to)."""
 
     __slots__ = ("seq", "op_id", "cur_op", "depth", "on", "muts", "_cache", "_record", "_ctx",
-                 "_attrs", "_states", "__weakref__")
+                 "_attrs", "_states", "_pools", "__weakref__")
 
     def __init__(self, cache: object, record: Callable, context: object, attrs: dict,
                  on: bool) -> None:
@@ -87,6 +90,7 @@ class PyLedger:
         self.seq = self.op_id = self.cur_op = self.depth = 0
         self.muts: list[tuple] = []
         self._states: tuple | None = None
+        self._pools: tuple | None = None
 
     def run(self, op: str, req_id, fn, *args):
         if self.depth or not self.on:
@@ -155,15 +159,27 @@ class PyLedger:
         if self._states is None:
             raise RuntimeError("state: set_states(kind, names, sizes) was not called")
         kind, names, sizes = self._states
-        i = operator.index(ci)
-        if not 0 <= i < len(names):
-            raise IndexError(f"state: component index {ci!r} out of range")
+        i = _index_below(ci, len(names), "state: component index")
         nid, d, size = node.id, node.data[i], sizes[i]
         values = tuple(d.values)
         if len(values) != len(size):
             raise ValueError(f"state: {len(values)} values for {len(size)} tiers")
         lens = tuple([None if v is None else f(v) for v, f in zip(values, size, strict=True)])
         self.m(kind, nid, names[i], None, (lens, tuple(d.refs)))
+
+    def set_pools(self, kind: str, tiers: tuple) -> None:
+        check_pools(kind, tiers)
+        self._pools = (kind, tiers)
+
+    def pool(self, ci: int, tier: int, available) -> None:
+        if not self.on:
+            return
+        if self._pools is None or self._states is None:
+            raise RuntimeError("pool: set_pools(kind, tiers) and set_states(kind, names, sizes) "
+                               "were not both called")
+        (kind, tiers), names = self._pools, self._states[1]
+        self.m(kind, None, names[_index_below(ci, len(names), "pool: component index")],
+               tiers[_index_below(tier, len(tiers), "pool: tier")], available)
 
     def take(self) -> list[tuple]:
         muts, self.muts = self.muts, []
@@ -186,6 +202,22 @@ def check_args(record: object, context: object, attrs: object) -> None:
         raise TypeError(f"context must be a ContextVar, a callable or None, got {context!r}")
     if not isinstance(attrs, dict):
         raise TypeError(f"attrs must be a dict of op -> attribute builder, got {attrs!r}")
+
+
+def _index_below(v, n: int, what: str) -> int:
+    """``v`` as ``operator.index`` takes it, in ``[0, n)`` (``_ledger.c``'s ``index_below``)."""
+    i = operator.index(v)
+    if not 0 <= i < n:
+        raise IndexError(f"{what} {v!r} out of range")
+    return i
+
+
+def check_pools(kind: object, tiers: object) -> None:
+    """``set_pools``' arguments, checked before anything is kept (as ``_ledger.c`` does)."""
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, got {kind!r}")
+    if type(tiers) is not tuple or not all(isinstance(t, str) for t in tiers):
+        raise TypeError(f"tiers must be a tuple of str labels, got {tiers!r}")
 
 
 def check_states(kind: object, names: object, sizes: object) -> None:

@@ -42,7 +42,8 @@ class Recording:
 
     The hot path is the ledger's (``cache/ledger.py``): ``self._run(op, req_id, fn, *args)``
     runs every public operation, ``self._m(kind, node, comp, tier, value)`` records every
-    state change and ``self._state(node, ci)`` a component's state on a node (``comp.state``),
+    state change, ``self._state(node, ci)`` a component's state on a node (``comp.state``) and
+    ``self._pool(ci, tier, available)`` a pool's free count (``pool.available``),
     all bound methods of the cache's ``Ledger`` (C where built), which also holds the op and
     state counters this class reads (``seq``, ``current_op_id``)."""
 
@@ -63,10 +64,13 @@ class Recording:
         sizes = tuple(tuple(_stored_numel if t == STORAGE else size for t in TIERS)
                       for size in self._sizes)
         ledger.set_states(_COMP_STATE, tuple(c.name for c in self.comps), sizes)
+        ledger.set_pools(_POOL_AVAILABLE, TIER_LABELS)
         self._ledger = ledger
         self._run = ledger.run
         self._m = ledger.m
         self._state = ledger.state
+        # a pool's new free count (callers check ``self._on``: this runs on every alloc)
+        self._pool = ledger.pool
 
     @property
     def seq(self) -> int:
@@ -168,7 +172,3 @@ class Recording:
         op's, before its record is written); plain tuples in ``Mutation`` order (with direct
         records, decoded: ``bytes`` where the cache gave an ``array``; see ``ledger.py``)."""
         return tuple(self._ledger.muts)
-
-    def _emit_pool(self, ci: int, tier: int, available: int) -> None:
-        """A pool's new free count (callers check ``self._on``: this runs on every alloc)."""
-        self._m(_POOL_AVAILABLE, None, self.comps[ci].name, TIER_LABELS[tier], available)

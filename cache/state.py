@@ -124,14 +124,14 @@ class CacheCore(Pins, LeafSets, Recording):
         alloc = self.pool(ci, tier).alloc
         n = alloc.free_owned(idx) if checked is None else alloc.free(idx, checked)
         if self._on:
-            self._emit_pool(ci, tier, alloc.available)
+            self._pool(ci, tier, alloc.available)
         return n
 
     def take_slots(self, ci: int, tier: int, n: int) -> torch.Tensor | None:
         alloc = self.pool(ci, tier).alloc
         out = alloc.alloc(n)
         if out is not None and n and self._on:
-            self._emit_pool(ci, tier, alloc.available)
+            self._pool(ci, tier, alloc.available)
         return out
 
     def oom(self, ci: int, tier: int, requested: int, note: str = "") -> CacheOutOfMemory:
@@ -263,7 +263,7 @@ class CacheCore(Pins, LeafSets, Recording):
                 alloc = pool.alloc
                 freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)
                 if on:
-                    self._emit_pool(ci, tier, alloc.available)
+                    self._pool(ci, tier, alloc.available)
             if self.lru[ci] is not None:
                 for lru in self.lru[ci]:
                     lru.pop(node.id, None)
@@ -284,7 +284,7 @@ class CacheCore(Pins, LeafSets, Recording):
             pages = vals[0] if len(vals) == 1 else np.concatenate([_np(v) for v in vals])
             alloc.free_owned(pages, tree=tier == DEVICE)
             if self._on:
-                self._emit_pool(ci, tier, alloc.available)
+                self._pool(ci, tier, alloc.available)
         defer.clear()
 
     def touch(self, node: Node) -> None:

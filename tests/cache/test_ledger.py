@@ -261,6 +261,57 @@ def test_a_components_index_is_taken_as_operator_index_takes_it(impl, ci, error)
         assert led.muts == [] and led.seq == 0
 
 
+def test_pool_records_a_pools_free_count_as_m_would(impl) -> None:
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full", "swa"), ((_len, _len, _len),) * 2)
+    led.set_pools("pool.available", ("device", "host", "storage"))
+    led.pool(1, 0, 40)
+    led.pool(0, True, 7)  # an index as operator.index takes it
+    assert led.take() == [(1, 0, "pool.available", None, "swa", "device", 40),
+                          (2, 0, "pool.available", None, "full", "host", 7)]
+    led.on = False
+    led.pool(0, 0, 1)
+    assert led.muts == [] and led.seq == 2
+
+
+def test_pool_is_refused_before_it_records_anything(impl) -> None:
+    led, _, _ = make(impl)
+    with pytest.raises(RuntimeError, match=r"set_pools\(kind, tiers\) and set_states"):
+        led.pool(0, 0, 1)
+    led.set_pools("pool.available", ("device", "host"))
+    with pytest.raises(RuntimeError, match="were not both called"):
+        led.pool(0, 0, 1)  # no component names yet
+    led.set_states("comp.state", ("full",), ((_len, _len),))
+    for ci, tier, error, needle in ((1, 0, IndexError, "pool: component index 1 out of range"),
+                                    (0, 2, IndexError, "pool: tier 2 out of range"),
+                                    (0, -1, IndexError, "pool: tier -1 out of range"),
+                                    (0.0, 0, TypeError, None), (0, "0", TypeError, None)):
+        with pytest.raises(error, match=needle):
+            led.pool(ci, tier, 1)
+    with pytest.raises(TypeError, match="pool takes|positional argument"):
+        led.pool(0, 0)
+    assert led.muts == [] and led.seq == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((1, ("device",)), "kind must be a str, got 1"),
+    (("k", ["device"]), r"tiers must be a tuple of str labels, got \['device'\]"),
+    (("k", ("device", 2)), r"tiers must be a tuple of str labels, got \('device', 2\)"),
+])
+def test_bad_pools_are_refused_with_the_value_and_keep_the_old_ones(impl, args, needle) -> None:
+    led, owner, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len),))
+    led.set_pools("pool.available", ("device", "host"))
+    with pytest.raises(TypeError, match=needle):
+        led.set_pools(*args)
+    led.pool(0, 1, 3)
+    assert led.take() == [(1, 0, "pool.available", None, "full", "host", 3)]
+    led.__init__(owner, lambda op, muts: None, None, {}, True)  # forgets them, as states
+    led.set_states("comp.state", ("full",), ((_len, _len),))
+    with pytest.raises(RuntimeError, match="were not both called"):
+        led.pool(0, 0, 1)
+
+
 def test_the_refs_are_read_after_the_size_callables_ran(impl) -> None:
     led, _, _ = make(impl)
     data = Data([[1], None, None], [0, 0, 0])
