@@ -38,6 +38,15 @@ no finalizer can take or record while the decoded mutations are in neither place
 
 #define LEDGER_ABI 4
 
+/* Where a type keeps an attribute as a plain object slot (``slot_get``): valid while the type
+   is ``type`` with version tag ``version`` (CPython gives a type a new tag whenever it or a
+   base changes, and never reuses one, so the borrowed pointer is only ever compared). */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    Py_ssize_t offset;
+} slot_hint;
+
 typedef struct {
     PyObject_HEAD
     long long seq, op_id, cur_op, depth;
@@ -50,6 +59,8 @@ typedef struct {
     PyObject *state_kind;        /* set_states: the kind of ``state``'s mutations, */
     PyObject *state_names;       /* each component's name (a tuple), */
     PyObject *state_sizes;       /* and per component a tuple of per-tier size callables */
+    slot_hint hints[4];          /* state()'s reads: a node's id and data, a component's
+                                    values and refs (``slot_get``) */
     PyObject *pool_kind;         /* set_pools: the kind of ``pool``'s mutations, */
     PyObject *pool_tiers;        /* each tier's label (a tuple) */
     PyObject *cur_obj;           /* cur_op as an int object, made once per op (NULL: none) */
@@ -598,13 +609,54 @@ ledger_m(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *s_id, *s_data, *s_values, *s_refs; /* interned attribute names */
+enum { H_ID, H_DATA, H_VALUES, H_REFS }; /* their hints in ``Ledger.hints`` */
+
+/* ``h`` learns where ``tp`` keeps ``name``: a plain object slot (a member descriptor of a
+   ``__slots__`` class, found on the type's MRO, read by the generic getattr) or nothing. */
+static void
+slot_learn(PyTypeObject *tp, PyObject *name, slot_hint *h)
+{
+    h->type = NULL;
+    if (tp->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; no error set */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type
+        || !PyType_IsSubtype(tp, PyDescr_TYPE(d))
+        || !PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
+        return;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX)
+        return;
+    h->type = tp;
+    h->version = tp->tp_version_tag;
+    h->offset = m->offset;
+}
+
+/* ``PyObject_GetAttr(obj, name)``, one load where ``h`` knows ``obj``'s type keeps ``name`` in
+   a slot (a member descriptor is a data descriptor: nothing on the instance shadows it). The
+   hot reads of ``state``: four a call, each a type lookup and a descriptor call otherwise. */
+static PyObject *
+slot_get(PyObject *obj, PyObject *name, slot_hint *h)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp == h->type && tp->tp_version_tag == h->version
+        && PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyObject *v = *(PyObject **)((char *)obj + h->offset);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    PyObject *v = PyObject_GetAttr(obj, name); /* (raises what it raises; unset: AttributeError) */
+    if (v != NULL)
+        slot_learn(tp, name, h);
+    return v;
+}
 
 /* ``(lens, refs)`` of one component's data: each tier's value measured by that tier's size
    callable (None stays None), the refs as a tuple; a new reference, or NULL. */
 static PyObject *
-state_value(PyObject *sizes, PyObject *data)
+state_value(Ledger *L, PyObject *sizes, PyObject *data)
 {
-    PyObject *values = PyObject_GetAttr(data, s_values), *refs = NULL, *fast = NULL;
+    PyObject *values = slot_get(data, s_values, &L->hints[H_VALUES]), *refs = NULL, *fast = NULL;
     PyObject *lens = NULL, *out = NULL;
     if (values == NULL)
         goto done;
@@ -628,7 +680,7 @@ state_value(PyObject *sizes, PyObject *data)
         PyTuple_SET_ITEM(lens, t, n);
     }
     /* the refs read after the size callables ran (code they run may rebind them), as PyLedger */
-    if ((refs = PyObject_GetAttr(data, s_refs)) == NULL)
+    if ((refs = slot_get(data, s_refs, &L->hints[H_REFS])) == NULL)
         goto done;
     PyObject *reft = PySequence_Tuple(refs);
     if (reft != NULL) {
@@ -682,10 +734,10 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
     PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(L->state_sizes, ci));
     PyObject *id = NULL, *all = NULL, *data = NULL, *value = NULL, *r = NULL;
-    if ((id = PyObject_GetAttr(args[0], s_id)) != NULL
-        && (all = PyObject_GetAttr(args[0], s_data)) != NULL
+    if ((id = slot_get(args[0], s_id, &L->hints[H_ID])) != NULL
+        && (all = slot_get(args[0], s_data, &L->hints[H_DATA])) != NULL
         && (data = PySequence_GetItem(all, ci)) != NULL
-        && (value = state_value(sizes, data)) != NULL
+        && (value = state_value(L, sizes, data)) != NULL
         && (!L->on || append_mutation(L, kind, id, name, Py_None, value) == 0))
         r = Py_NewRef(Py_None); /* (recording turned off by code a size callable ran: as m) */
     Py_XDECREF(id);

@@ -261,6 +261,45 @@ def test_a_components_index_is_taken_as_operator_index_takes_it(impl, ci, error)
         assert led.muts == [] and led.seq == 0
 
 
+def test_state_reads_slots_right_when_types_alternate_or_change(impl) -> None:
+    """The C ledger keeps where a node's type holds ``id`` and ``data`` (and a component's
+    ``values`` and ``refs``) as slots; a read is right whatever type comes next, and after the
+    type itself is changed."""
+    class SlotData:
+        __slots__ = ("values", "refs")
+
+        def __init__(self, values, refs) -> None:
+            self.values, self.refs = values, refs
+
+    class SlotNode:
+        __slots__ = ("id", "data")
+
+        def __init__(self, nid: int, data: list) -> None:
+            self.id, self.data = nid, data
+
+    class Sub(SlotNode):  # a subclass: the base's slots
+        __slots__ = ()
+
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    nodes = [SlotNode(1, [SlotData([[1], None, None], [0, 0, 0])]),
+             Node(2, [Data([[1, 2], None, None], [1, 0, 0])]),
+             Sub(3, [SlotData([None, [5], None], [0, 2, 0])]),
+             SlotNode(4, [Data([[1, 2, 3], None, None], [0, 0, 1])])]
+    for n in nodes * 2:
+        led.state(n, 0)
+    want = [(1, ((1, None, None), (0, 0, 0))), (2, ((2, None, None), (1, 0, 0))),
+            (3, ((None, 1, None), (0, 2, 0))), (4, ((3, None, None), (0, 0, 1)))]
+    assert [(m[3], m[6]) for m in led.take()] == want * 2
+    SlotNode.id = property(lambda self: 99)  # the type changes: its reads follow
+    assert nodes[0].id == 99  # (a lookup gives the changed type a new version tag first)
+    led.state(nodes[0], 0)
+    led.state(nodes[2], 0)
+    assert [m[3] for m in led.take()] == [99, 99]
+    with pytest.raises(AttributeError):  # a slot never set: as getattr raises
+        led.state(Sub.__new__(Sub), 0)
+
+
 def test_pool_records_a_pools_free_count_as_m_would(impl) -> None:
     led, _, _ = make(impl)
     led.set_states("comp.state", ("full", "swa"), ((_len, _len, _len),) * 2)
