@@ -695,20 +695,25 @@ done:
     return out;
 }
 
-/* ``v`` as ``operator.index`` takes it, in [0, n); else -1 with IndexError("{what} {v!r} out
-   of range") or index's own TypeError. */
+/* ``v`` as ``operator.index`` takes it (its own error passes through), in [0, n); else -1
+   with IndexError("{what} {v!r} out of range"). May run Python code (``__index__``). */
 static Py_ssize_t
 index_below(PyObject *v, Py_ssize_t n, const char *what)
 {
-    Py_ssize_t i = PyNumber_AsSsize_t(v, PyExc_IndexError);
-    if (i == -1 && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_IndexError))
+    PyObject *idx = PyNumber_Index(v);
+    if (idx == NULL)
         return -1;
-    if (PyErr_Occurred() || i < 0 || i >= n) {
+    Py_ssize_t i = PyLong_AsSsize_t(idx);
+    Py_DECREF(idx);
+    if (i == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
         PyErr_Clear();
-        PyErr_Format(PyExc_IndexError, "%s %R out of range", what, v);
-        return -1;
     }
-    return i;
+    else if (i >= 0 && i < n)
+        return i;
+    PyErr_Format(PyExc_IndexError, "%s %R out of range", what, v);
+    return -1;
 }
 
 static PyObject *
@@ -725,14 +730,21 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "state: set_states(kind, names, sizes) was not called");
         return NULL;
     }
-    Py_ssize_t ci = index_below(args[1], PyTuple_GET_SIZE(L->state_names),
-                                "state: component index");
-    if (ci < 0)
+    /* held before anything runs Python code (``__index__``, a size callable) that may call
+       set_states or __init__: this call reads the tables it started with, as PyLedger */
+    PyObject *kind = Py_NewRef(L->state_kind), *names = Py_NewRef(L->state_names);
+    PyObject *all_sizes = Py_NewRef(L->state_sizes);
+    Py_ssize_t ci = index_below(args[1], PyTuple_GET_SIZE(names), "state: component index");
+    if (ci < 0) {
+        Py_DECREF(kind);
+        Py_DECREF(names);
+        Py_DECREF(all_sizes);
         return NULL;
-    /* held: set_states may run (from Python code a size callable runs) while this one does */
-    PyObject *kind = Py_NewRef(L->state_kind);
-    PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
-    PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(L->state_sizes, ci));
+    }
+    PyObject *name = Py_NewRef(PyTuple_GET_ITEM(names, ci));
+    PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(all_sizes, ci));
+    Py_DECREF(names);
+    Py_DECREF(all_sizes);
     PyObject *id = NULL, *all = NULL, *data = NULL, *value = NULL, *r = NULL;
     if ((id = slot_get(args[0], s_id, &L->hints[H_ID])) != NULL
         && (all = slot_get(args[0], s_data, &L->hints[H_DATA])) != NULL
@@ -839,18 +851,24 @@ ledger_pool(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "not both called");
         return NULL;
     }
-    Py_ssize_t ci = index_below(args[0], PyTuple_GET_SIZE(L->state_names),
-                                "pool: component index");
-    if (ci < 0)
+    /* held before ``__index__`` runs (it may call set_pools, set_states or __init__): this
+       call reads the tables it started with, as PyLedger */
+    PyObject *kind = Py_NewRef(L->pool_kind), *names = Py_NewRef(L->state_names);
+    PyObject *tiers = Py_NewRef(L->pool_tiers), *name = NULL, *label = NULL;
+    Py_ssize_t ci = index_below(args[0], PyTuple_GET_SIZE(names), "pool: component index");
+    Py_ssize_t t = ci < 0 ? -1 : index_below(args[1], PyTuple_GET_SIZE(tiers), "pool: tier");
+    if (t >= 0) {
+        name = Py_NewRef(PyTuple_GET_ITEM(names, ci));
+        label = Py_NewRef(PyTuple_GET_ITEM(tiers, t));
+    }
+    Py_DECREF(names);
+    Py_DECREF(tiers);
+    if (t < 0) {
+        Py_DECREF(kind);
         return NULL;
-    Py_ssize_t t = index_below(args[1], PyTuple_GET_SIZE(L->pool_tiers), "pool: tier");
-    if (t < 0)
-        return NULL;
-    /* held: a finalizer run by an allocation below may call set_states or set_pools */
-    PyObject *kind = Py_NewRef(L->pool_kind);
-    PyObject *name = Py_NewRef(PyTuple_GET_ITEM(L->state_names, ci));
-    PyObject *label = Py_NewRef(PyTuple_GET_ITEM(L->pool_tiers, t));
-    int r = append_mutation(L, kind, Py_None, name, label, args[2]);
+    }
+    /* (recording turned off by code ``__index__`` ran: nothing recorded, as m) */
+    int r = L->on ? append_mutation(L, kind, Py_None, name, label, args[2]) : 0;
     Py_DECREF(kind);
     Py_DECREF(name);
     Py_DECREF(label);

@@ -43,7 +43,20 @@ def _record(cls):
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = init
+    # the dataclass's own frozen __setattr__ / __delattr__ call super() with the class it was
+    # given, not the slotted one ``slots=True`` makes, so on a name that is not a field they
+    # raise TypeError; nothing has a __dict__ to fall back to: every name is refused alike
+    cls.__setattr__ = _refuse_set
+    cls.__delattr__ = _refuse_del
     return cls
+
+
+def _refuse_set(self, name: str, value: object) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _refuse_del(self, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
 class TransferId(int):

@@ -332,6 +332,62 @@ def test_pool_is_refused_before_it_records_anything(impl) -> None:
     assert led.muts == [] and led.seq == 0
 
 
+class _Index:
+    """An index whose ``__index__`` runs code first: what a finalizer could do mid-call."""
+
+    def __init__(self, value: int, action) -> None:
+        self.value, self.action = value, action
+
+    def __index__(self) -> int:
+        self.action()
+        return self.value
+
+
+@pytest.mark.parametrize("what", ["shrink states", "shrink pools", "reinit", "off"])
+@pytest.mark.parametrize("call", ["pool", "state"])
+def test_tables_changed_from_inside_a_call_leave_it_reading_the_ones_it_started_with(
+        impl, what, call) -> None:
+    # regression: C read its tables after ``__index__`` ran, so a shrunk table was read past
+    # its end and a re-initialised ledger's NULL was dereferenced (a crash)
+    led, owner, _ = make(impl)
+    names = tuple(f"c{i}" for i in range(50))
+    led.set_states("comp.state", names, ((_len, _len, _len),) * 50)
+    led.set_pools("pool.available", ("device", "host", "storage"))
+    actions = {
+        "shrink states": lambda: led.set_states("k2", ("only",), ((_len, _len, _len),)),
+        "shrink pools": lambda: led.set_pools("k2", ("t",)),
+        "reinit": lambda: led.__init__(owner, lambda op, muts: None, None, {}, True),
+        "off": lambda: setattr(led, "on", False),
+    }
+    node = Node(7, [Data([[1], None, None], [0, 0, 0])] * 50)
+    if call == "pool":
+        led.pool(30, _Index(2, actions[what]), 9)
+        want = (None, "c30", "storage", 9)
+        got = [(m[3], m[4], m[5], m[6]) for m in led.muts]
+    else:
+        led.state(node, _Index(30, actions[what]))
+        want = (7, "c30", None, ((1, None, None), (0, 0, 0)))
+        got = [(m[3], m[4], m[5], m[6]) for m in led.muts]
+    # recording turned off from inside: nothing kept, as m; a ledger started over keeps it in
+    # its new list
+    assert got == ([] if what == "off" else [want])
+
+
+def test_an_index_error_of_index_itself_passes_through(impl) -> None:
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    led.set_pools("pool.available", ("device",))
+
+    def fail() -> None:
+        raise IndexError("mine")
+
+    with pytest.raises(IndexError, match="^mine$"):
+        led.pool(_Index(0, fail), 0, 1)
+    with pytest.raises(IndexError, match="^mine$"):
+        led.state(Node(1, [Data([None, None, None], [0, 0, 0])]), _Index(0, fail))
+    assert led.muts == [] and led.seq == 0
+
+
 @pytest.mark.parametrize("args, needle", [
     ((1, ("device",)), "kind must be a str, got 1"),
     (("k", ["device"]), r"tiers must be a tuple of str labels, got \['device'\]"),

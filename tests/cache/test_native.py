@@ -316,15 +316,14 @@ def test_fill_slots_sets_every_slot_or_refuses_before_setting_any(impl) -> None:
     fresh = _Slotted()
     with pytest.raises(TypeError, match="1 values for 2 slots"):
         fill(fresh, _SLOTS, 1)
-    if impl == "native":  # the native one checks every descriptor before it writes
-        for slots, what in (((_SLOTS[0], "b"), "not a member descriptor"),
-                            ((_SLOTS[0], _Other.__dict__["a"]), "not a writable object slot"),
-                            ((type.__dict__["__name__"],) * 2, "not a member descriptor"),
-                            ((int.__dict__["real"],) * 2, "not a member descriptor")):
-            with pytest.raises(TypeError, match=what):
-                fill(fresh, slots, 1, 2)
-        with pytest.raises(TypeError, match="not a writable object slot"):
-            fill(_Other(), _SLOTS, 1, 2)  # a slot of another type
-        with pytest.raises(TypeError, match="takes"):
-            fill(fresh, list(_SLOTS), 1, 2)
-        assert not hasattr(fresh, "a") and not hasattr(fresh, "b")
+    for slots, what in (((_SLOTS[0], "b"), "not a member descriptor"),
+                        ((_SLOTS[0], _Other.__dict__["a"]), "not a writable object slot"),
+                        ((type.__dict__["__name__"],) * 2, "not a member descriptor"),
+                        ((int.__dict__["real"],) * 2, "not a member descriptor")):
+        with pytest.raises(TypeError, match=what):
+            fill(fresh, slots, 1, 2)  # every descriptor checked before any slot is set
+    with pytest.raises(TypeError, match="not a writable object slot"):
+        fill(_Other(), _SLOTS, 1, 2)  # a slot of another type
+    with pytest.raises(TypeError, match="takes"):
+        fill(fresh, list(_SLOTS), 1, 2)
+    assert not hasattr(fresh, "a") and not hasattr(fresh, "b")
