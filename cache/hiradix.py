@@ -118,7 +118,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         if isinstance(num, bool) or not isinstance(num, int) or num < 0:
             raise ValueError(f"alloc num={num!r} must be an int >= 0")
         ci = self._ci_of(component)
-        return self._run(ev.OP_ALLOC, req_id, self._alloc, ci, num)
+        return self._ledger.run(ev.OP_ALLOC, req_id, self._alloc, ci, num)
 
     def _alloc(self, ci: int, num: int) -> torch.Tensor:
         need = num if self.comps[ci].boundary_state else ceil_paged(num, self.page_size)
@@ -153,7 +153,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         if bad:
             raise ValueError(f"{alloc.name}: slots {bad[:8]} are owned by the tree, not held by "
                              "a request: free only what alloc (or a CoW) handed out")
-        return self._run(ev.OP_FREE, req_id, self._free, ci, indices, pages)
+        return self._ledger.run(ev.OP_FREE, req_id, self._free, ci, indices, pages)
 
     def _free(self, ci: int, indices, pages) -> int:
         n = self.free_slots(ci, DEVICE, indices, pages)
@@ -168,7 +168,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         the first locked or host-referenced node. Internal SWA/MAMBA data is tombstoned."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
+        return self._ledger.run(ev.OP_EVICT, req_id, self._evict_device, ci, num_tokens)
 
     def evict_host(self, num_tokens: int, *, component: str = BACKBONE,
                    req_id: str | None = None):
@@ -176,7 +176,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         auxiliary host copies on internal nodes are tombstoned). Returns an ``EvictResult``."""
         _check_amount("num_tokens", num_tokens)
         ci = self._ci_of(component)
-        return self._run(ev.OP_EVICT_HOST, req_id, self._evict_host_slots, ci, num_tokens)
+        return self._ledger.run(ev.OP_EVICT_HOST, req_id, self._evict_host_slots, ci, num_tokens)
 
     def backup(self, node: int, *, req_id: str | None = None) -> int | None:
         """Start a device -> host copy of ``node`` (and, under write-through, its unbacked
@@ -186,7 +186,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         n = self.node(node)
         if not self.config.has_host:
             raise ValueError("backup needs a host tier (host_tokens > 0)")
-        tid = self._run(ev.OP_BACKUP, req_id, self._backup, n)
+        tid = self._ledger.run(ev.OP_BACKUP, req_id, self._backup, n)
         return None if tid is None else TransferId(tid, self.instance)
 
     def load_back(self, match: MatchResult, *, cow_mamba: bool = False,
@@ -200,7 +200,7 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
             raise TypeError(f"load_back takes a MatchResult, got {type(match).__name__}")
         self._check_handle(match, "MatchResult")
         anchor = self.node(match.best_match_node)
-        return self._run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
+        return self._ledger.run(ev.OP_LOAD_BACK, req_id, self._load_back, anchor,
                          bool(cow_mamba))
 
     def poll(self, transfer_ids=None, *, wait: bool = False) -> list[int]:

@@ -106,7 +106,7 @@ class Insertion(CacheCore):
         if n < raw_len:  # the caller keeps the slots past the last whole page
             idx = idx[:n]
             swa = None if swa is None else swa[:n]
-        out = self._run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key, idx, swa,
+        out = self._ledger.run(ev.OP_INSERT, req_id, self._insert_walk, tokens, extra_key, idx, swa,
                         mamba_slot, prev_prefix_len, swa_evicted_len, start, branch_len,
                         mamba_branch_slot)
         if not out.backups:

@@ -136,7 +136,7 @@ class StoragePrefetch(CacheCore):
         self._pf_done.pop(req_id, None)
         if req_id not in self._pf:
             return False
-        return self._run(ev.OP_PREFETCH, req_id, self._abort_prefetch, req_id)
+        return self._ledger.run(ev.OP_PREFETCH, req_id, self._abort_prefetch, req_id)
 
     def _abort_prefetch(self, req_id: str) -> bool:
         run = self._pf.pop(req_id)

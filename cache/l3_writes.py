@@ -248,7 +248,7 @@ class StorageWrites(CacheCore):
                      {"start": self.tree.prefix_len(top.parent), "hashes": hashes, "job": job})
         self.store_transfers[tid] = t
         self.transfer_nodes[tid] = [n.id for n in chain]
-        self._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
+        self._ledger.m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
                 (tid, t.kind, t.node_ids, t.amounts()))
         self._writer.submit(job)
         return tid
@@ -302,7 +302,7 @@ class StorageWrites(CacheCore):
         ok_keys = [set(p.keys[:n]) for p, n in zip(job.parts, landed, strict=True)]
         by_comp = {p.component: s for p, s in zip(job.parts, ok_keys, strict=True)}
         self._mark_stored(covered, t.meta["start"], t.meta["hashes"], by_comp)
-        self._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, failed == 0))
+        self._ledger.m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, failed == 0))
         attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,
                  ev.A_ENQUEUED_BY: t.enqueued_by,
                  ev.A_BYTES: sum(n * p.pages.page_nbytes for p, n in zip(job.parts, landed,

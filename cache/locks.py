@@ -26,7 +26,7 @@ class Locks(CacheCore):
         n = self.node(node)
         if owner is not None and not isinstance(owner, str):
             raise TypeError(f"owner must be a str or None, got {owner!r}")
-        return self._run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
+        return self._ledger.run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
 
     def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
         path = self.tree.path_to_root(n)
@@ -61,7 +61,7 @@ class Locks(CacheCore):
         """Release a lock. A double unlock or a foreign receipt raises ValueError.
         Mutates: lock refs, ledgers, leaf sets. Emits: ``unlock`` op, ``lock.release``."""
         entry = self._entry_of(receipt)
-        self._run(ev.OP_UNLOCK, req_id, self.release, entry)
+        self._ledger.run(ev.OP_UNLOCK, req_id, self.release, entry)
 
     def release_swa(self, receipt: LockReceipt, *, req_id: str | None = None) -> LockReceipt:
         """Release a lock's SWA window (and its lower-priority MAMBA pin) early, once decode has
@@ -73,7 +73,7 @@ class Locks(CacheCore):
             raise ValueError(f"receipt {receipt.receipt_id}: SWA window already released")
         pri = self.comps[self.ci[WINDOW]].priority
         cis = {c.index for c in self.comps if c.priority <= pri}
-        self._run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
+        self._ledger.run(ev.OP_RELEASE_SWA, req_id, self.release, entry, cis)
         return dataclasses.replace(receipt, swa_released=True)
 
     def locks_owned_by(self, owner: str) -> tuple[int, ...]:

@@ -70,7 +70,7 @@ class Pins:
             if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
-            self._m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier],
+            self._ledger.m(ev.LOCK_ACQUIRE, anchor.id, None, TIER_LABELS[tier],
                     (rid, owner, self.named_pins(entry)))
         return rid
 
@@ -125,7 +125,7 @@ class Pins:
             if not node.device_children or node.data[0].values[DEVICE] is None:
                 self.refresh_leaf(node)
         if self._on:
-            self._m(ev.LOCK_RELEASE, entry.anchor, None, TIER_LABELS[entry.tier],
+            self._ledger.m(ev.LOCK_RELEASE, entry.anchor, None, TIER_LABELS[entry.tier],
                     (entry.receipt_id, out, final))
 
 

@@ -40,12 +40,14 @@ _CONTEXT = _context_source()
 class Recording:
     """Mixin of ``CacheCore``: op records, mutations, the error hook.
 
-    The hot path is the ledger's (``cache/ledger.py``): ``self._run(op, req_id, fn, *args)``
-    runs every public operation, ``self._m(kind, node, comp, tier, value)`` records every
-    state change, ``self._state(node, ci)`` a component's state on a node (``comp.state``) and
-    ``self._pool(ci, tier, available)`` a pool's free count (``pool.available``),
-    all bound methods of the cache's ``Ledger`` (C where built), which also holds the op and
-    state counters this class reads (``seq``, ``current_op_id``)."""
+    The hot path is the ledger's (``cache/ledger.py``, C where built), ``self._ledger``:
+    ``run(op, req_id, fn, *args)`` runs every public operation, ``m(kind, node, comp, tier,
+    value)`` records every state change, ``state(node, ci)`` a component's state on a node
+    (``comp.state``) and ``pool(ci, tier, available)`` a pool's free count
+    (``pool.available``); the ledger also holds the op and state counters this class reads
+    (``seq``, ``current_op_id``). Sites call ``self._ledger.m(...)``, not a bound method kept
+    on the cache: that is a method load the interpreter cannot specialize (an instance
+    attribute), a type lookup down the cache's long MRO on every call."""
 
     def _init_recording(self, recorder: Recorder | None) -> None:
         self.recorder = recorder or NULL_RECORDER
@@ -66,11 +68,6 @@ class Recording:
         ledger.set_states(_COMP_STATE, tuple(c.name for c in self.comps), sizes)
         ledger.set_pools(_POOL_AVAILABLE, TIER_LABELS)
         self._ledger = ledger
-        self._run = ledger.run
-        self._m = ledger.m
-        self._state = ledger.state
-        # a pool's new free count (callers check ``self._on``: this runs on every alloc)
-        self._pool = ledger.pool
 
     @property
     def seq(self) -> int:

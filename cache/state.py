@@ -124,14 +124,14 @@ class CacheCore(Pins, LeafSets, Recording):
         alloc = self.pool(ci, tier).alloc
         n = alloc.free_owned(idx) if checked is None else alloc.free(idx, checked)
         if self._on:
-            self._pool(ci, tier, alloc.available)
+            self._ledger.pool(ci, tier, alloc.available)
         return n
 
     def take_slots(self, ci: int, tier: int, n: int) -> torch.Tensor | None:
         alloc = self.pool(ci, tier).alloc
         out = alloc.alloc(n)
         if out is not None and n and self._on:
-            self._pool(ci, tier, alloc.available)
+            self._ledger.pool(ci, tier, alloc.available)
         return out
 
     def oom(self, ci: int, tier: int, requested: int, note: str = "") -> CacheOutOfMemory:
@@ -170,7 +170,7 @@ class CacheCore(Pins, LeafSets, Recording):
         if ci == 0:
             self.refresh_leaf(node)
         if self._on:
-            self._state(node, ci)
+            self._ledger.state(node, ci)
 
     def _lru_place(self, node: Node, ci: int) -> None:
         """File the node in the recency list of the fastest tier holding its value (and in no
@@ -189,7 +189,7 @@ class CacheCore(Pins, LeafSets, Recording):
     def new_leaf(self, parent: Node, key, extra_key: object) -> Node:
         node = self.tree.new_child(parent, key, extra_key)
         if self._on:
-            self._m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
+            self._ledger.m(ev.NODE_CREATE, node.id, None, None, (parent.id, extra_key, key))
         self.refresh_leaf(parent)
         return node
 
@@ -217,11 +217,11 @@ class CacheCore(Pins, LeafSets, Recording):
             if comp.uses_lru:
                 self._lru_place(new, comp.index)
         if self._on:
-            self._m(ev.NODE_SPLIT, child.id, None, None,
+            self._ledger.m(ev.NODE_SPLIT, child.id, None, None,
                     (new.id, k, tuple(self.comps[ci].name for ci in ref_cis)))
             for ci in range(len(self.comps)):
-                self._state(new, ci)
-                self._state(child, ci)
+                self._ledger.state(new, ci)
+                self._ledger.state(child, ci)
         return new
 
     def delete(self, node: Node, defer: dict | None = None, defer_tier: int = DEVICE
@@ -252,7 +252,7 @@ class CacheCore(Pins, LeafSets, Recording):
                 if ci == 0 and tier == DEVICE:
                     node.parent.device_children -= 1
                 if on:
-                    self._state(node, ci)
+                    self._ledger.state(node, ci)
                 pool = pools[ci][tier]
                 if pool is None:
                     continue
@@ -263,7 +263,7 @@ class CacheCore(Pins, LeafSets, Recording):
                 alloc = pool.alloc
                 freed[tier][ci] = alloc.free_owned(v, tree=tier == DEVICE)
                 if on:
-                    self._pool(ci, tier, alloc.available)
+                    self._ledger.pool(ci, tier, alloc.available)
             if self.lru[ci] is not None:
                 for lru in self.lru[ci]:
                     lru.pop(node.id, None)
@@ -272,7 +272,7 @@ class CacheCore(Pins, LeafSets, Recording):
         parent = node.parent
         self.tree.detach(node)
         if on:
-            self._m(ev.NODE_DELETE, node.id, None, None, None)
+            self._ledger.m(ev.NODE_DELETE, node.id, None, None, None)
         self.refresh_leaf(parent)
         return freed
 
@@ -284,7 +284,7 @@ class CacheCore(Pins, LeafSets, Recording):
             pages = vals[0] if len(vals) == 1 else np.concatenate([_np(v) for v in vals])
             alloc.free_owned(pages, tree=tier == DEVICE)
             if self._on:
-                self._pool(ci, tier, alloc.available)
+                self._ledger.pool(ci, tier, alloc.available)
         defer.clear()
 
     def touch(self, node: Node) -> None:
@@ -312,7 +312,7 @@ class CacheCore(Pins, LeafSets, Recording):
                         lru.move_to_end(x.id)
                         break
         if self._on:
-            self._m(ev.NODE_TOUCH, node.id, None, None, t)
+            self._ledger.m(ev.NODE_TOUCH, node.id, None, None, t)
 
     def node(self, node_id: int) -> Node:
         if isinstance(node_id, bool) or not isinstance(node_id, int):

@@ -50,7 +50,7 @@ class Transfers(CacheCore):
             loading = self.loading
             for nid in t.node_ids:
                 loading[nid] = loading.get(nid, ()) + (t.transfer_id,)
-        self._m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
+        self._ledger.m(ev.TRANSFER_START, t.anchor, None, t.dst_tier,
                 (t.transfer_id, t.kind, t.node_ids, t.amounts()))
         self.engine.submit(self, t)
 
@@ -327,7 +327,7 @@ class Transfers(CacheCore):
                     loading[nid] = left
                 else:
                     loading.pop(nid, None)
-        self._m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
+        self._ledger.m(ev.TRANSFER_DONE, t.anchor, None, t.dst_tier, (t.transfer_id, True))
         if self.storage is not None and t.kind == "backup" and t.anchor in self.tree.nodes:
             self._store_after_backup(self.tree.nodes[t.anchor])  # L3 write-through
         attrs = {ev.A_TRANSFER: t.transfer_id, ev.A_TRANSFER_KIND: t.kind, ev.A_NODE: t.anchor,

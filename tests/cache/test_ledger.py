@@ -67,7 +67,7 @@ def test_the_cache_runs_on_the_native_ledger_when_it_is_built() -> None:
         missing("native", "the native ledger was not built")
     assert ledger.LEDGER == "native" and C.ABI == ledger.ABI
     c = HiRadixCache(make_config(), recorder=FlightRecorder())
-    assert type(c._ledger) is C.Ledger and c._run.__self__ is c._ledger
+    assert type(c._ledger) is C.Ledger and c._ledger.run.__self__ is c._ledger
 
 
 def test_a_recorded_op_is_numbered_timed_and_carries_its_mutations(impl) -> None:
