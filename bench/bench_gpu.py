@@ -96,7 +96,7 @@ def ceiling(clock: Clock, nbytes: int, device: str, reps: int) -> dict[str, floa
     return out
 
 
-def _shuffle_free_list(alloc, rng: torch.Generator) -> None:
+def shuffle_free_list(alloc, rng: torch.Generator) -> None:
     """Take every free page of ``alloc`` and give them back in a random order: the next
     allocations come out one page a run."""
     taken = alloc.alloc(alloc.available)
@@ -153,8 +153,8 @@ class Case:
             self.c.engine = baseline_engine(baseline, self.c.config.device)
         if pattern in ("fragmented", "tiny-frag"):
             rng = torch.Generator().manual_seed(page)
-            _shuffle_free_list(self.c.device_pools[0].alloc, rng)
-            _shuffle_free_list(self.c.host_pools[0].alloc, rng)
+            shuffle_free_list(self.c.device_pools[0].alloc, rng)
+            shuffle_free_list(self.c.host_pools[0].alloc, rng)
         self.runs = None
         self.n = 0
 

@@ -10,22 +10,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions pyzmq msgspec redis
 #   (and the OTLP / Prometheus exporters with their protobuf packages for their tests)
-set -u
-OUTDIR=${1:-${OUT:-/tmp/gpu-out}}
-mkdir -p "$OUTDIR"
-export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-PY=${PYTHON:-python3}
-step() { echo; echo "== $* ($(date +%T))"; }
-
-step setup
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
-fi
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -3
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-$PY -c "import torch, radixscope.cache.native as n; print('torch', torch.__version__, \
-torch.version.cuda, torch.cuda.get_device_name(), '| cache kernels:', n.KERNELS)"
-BIN=$(dirname "$($PY -c 'import sys; print(sys.executable)')")
+source bench/gpu_setup.sh "$@"
 
 # the notebook tests need a Jupyter kernel (the dev extras), which such a machine may lack
 IGNORE="--ignore=tests/engine/test_zoo.py --ignore=tests/telemetry/test_postmortem_notebook.py"

@@ -11,22 +11,7 @@
 #    same run on the CPU, for the insert / load_back / transfer latencies side by side.
 # Logs and results land in OUTDIR (default $OUT, else /tmp/gpu-out). Wheels a machine lacks:
 # see bench/gpu_session.sh.
-set -u
-OUTDIR=${1:-${OUT:-/tmp/gpu-out}}
-mkdir -p "$OUTDIR"
-export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-PY=${PYTHON:-python3}
-step() { echo; echo "== $* ($(date +%T))"; }
-
-step setup
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
-fi
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -3
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-$PY -c "import torch; print('torch', torch.__version__, torch.version.cuda, \
-torch.cuda.get_device_name())"
-BIN=$(dirname "$($PY -c 'import sys; print(sys.executable)')")
+source bench/gpu_setup.sh "$@"
 
 step gpu tests
 timeout 300 $PY -m pytest -v -p no:cacheprovider -rs --durations=8 \

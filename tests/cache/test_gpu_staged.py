@@ -6,7 +6,10 @@ Skipped without CUDA (see tests/conftest.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,19 +21,15 @@ from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, kv_for, make_config
 
 pytestmark = pytest.mark.gpu
 
+# the bench's fragmenting of a pool (its free pages handed back shuffled), so both shuffle alike
+_spec = importlib.util.spec_from_file_location(
+    "bench_gpu", Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py")
+bench_gpu = importlib.util.module_from_spec(_spec)
+sys.modules["bench_gpu"] = bench_gpu
+_spec.loader.exec_module(bench_gpu)
+
 KEYS = 6  # transfers in flight at once
 LEN = 40  # tokens a key
-
-
-def _shuffle_free_list(alloc, rng: torch.Generator) -> None:
-    """Give every free page of ``alloc`` back in a random order: the next allocations come
-    out one page a run (as bench/bench_gpu.py does)."""
-    taken = alloc.alloc(alloc.available)
-    if taken is None or taken.numel() == 0:
-        return
-    p = alloc.page_size
-    pages = taken.view(-1, p)[torch.randperm(taken.numel() // p, generator=rng)]
-    alloc.free(pages.reshape(-1))
 
 
 def staged_cache(components, page: int = 1, fragmented: bool = True, **kw
@@ -42,7 +41,7 @@ def staged_cache(components, page: int = 1, fragmented: bool = True, **kw
     if fragmented:
         rng = torch.Generator().manual_seed(7)
         for pool in (*c.device_pools, *c.host_pools):
-            _shuffle_free_list(pool.alloc, rng)
+            bench_gpu.shuffle_free_list(pool.alloc, rng)
     return c, Driver(c)
 
 

@@ -91,20 +91,28 @@ KINDS = ["kv", "state", "state4d"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
+def _copy_case(kind: str, dtype: torch.dtype, seed: int, src_slots: int, dst_slots: int, n: int,
+               to_host: bool):
+    """A pool pair, ``n`` scattered slots of each, what a gather and scatter would leave in the
+    destination, and a stage of that copy started on fresh slabs (CPU: its copies run)."""
+    rng = np.random.default_rng(seed)
+    src = _pool(kind, src_slots, dtype, 2 * seed + 1)
+    dst = _pool(kind, dst_slots, dtype, 2 * seed + 2)
+    s_idx, d_idx = _scattered(src_slots, n, rng), _scattered(dst_slots, n, rng)
+    want = dst.buf.clone()
+    want.index_copy_(dst.slot_dim, d_idx, src.buf.index_select(src.slot_dim, s_idx))
+    before = dst.buf.clone()
+    slabs = StagingSlabs(pin=False)
+    st = Stage(to_host=to_host)
+    st.add(src.buf, dst.buf, src.slot_dim, s_idx, d_idx)
+    st.start(slabs, CPU)
+    return dst, want, before, slabs, st
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_staged_backup_lands_in_the_host_pool_only_at_finish(kind, dtype):
-    rng = np.random.default_rng(0)
-    dev, host = _pool(kind, 64, dtype, 1), _pool(kind, 96, dtype, 2)
-    n = 23
-    s_idx, d_idx = _scattered(64, n, rng), _scattered(96, n, rng)
-    want = host.buf.clone()
-    want.index_copy_(dev.slot_dim, d_idx, dev.buf.index_select(dev.slot_dim, s_idx))
-    before = host.buf.clone()
-    slabs = StagingSlabs(pin=False)
-    st = Stage(to_host=True)
-    st.add(dev.buf, host.buf, dev.slot_dim, s_idx, d_idx)
-    st.start(slabs, CPU)
+    host, want, before, slabs, st = _copy_case(kind, dtype, 0, 64, 96, 23, to_host=True)
     assert torch.equal(host.buf, before)  # the scatter waits for the event: finish
     assert slabs.free == []
     st.finish(slabs)
@@ -117,16 +125,7 @@ def test_a_staged_backup_lands_in_the_host_pool_only_at_finish(kind, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_staged_load_back_writes_exactly_the_slots_a_gather_and_scatter_would(kind, dtype):
-    rng = np.random.default_rng(1)
-    host, dev = _pool(kind, 96, dtype, 3), _pool(kind, 64, dtype, 4)
-    n = 31
-    s_idx, d_idx = _scattered(96, n, rng), _scattered(64, n, rng)
-    want = dev.buf.clone()
-    want.index_copy_(dev.slot_dim, d_idx, host.buf.index_select(dev.slot_dim, s_idx))
-    slabs = StagingSlabs(pin=False)
-    st = Stage(to_host=False)
-    st.add(host.buf, dev.buf, dev.slot_dim, s_idx, d_idx)
-    st.start(slabs, CPU)
+    dev, want, _, slabs, st = _copy_case(kind, dtype, 1, 96, 64, 31, to_host=False)
     assert torch.equal(dev.buf, want)  # CPU: the stream's copies ran at once
     st.finish(slabs)
     assert torch.equal(dev.buf, want) and len(slabs.free) == 1
