@@ -53,7 +53,7 @@ def _free(cache, out, args) -> tuple:
 def _evict(cache, out, args) -> tuple:
     name = cache.comps[args[0]].name
     freed = {}
-    for comp, n in out.freed:  # a loop, not ``dict(out.freed)``: about a fifth of its cost
+    for comp, n in out.freed:  # a loop: ``dict(out.freed)`` takes a third longer for one pair
         freed[comp] = n
     return (name, out.requested, freed.get(name, 0), freed, len(out.evicted_nodes))
 
