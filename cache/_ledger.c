@@ -47,6 +47,15 @@ typedef struct {
     Py_ssize_t offset;
 } slot_hint;
 
+/* A type's version tag is valid: never 0 (a type changed, or out of tags, has 0); before 3.13
+   also flagged (3.13 keeps the tag alone). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define TAG_VALID(tp) ((tp)->tp_version_tag != 0)
+#else
+#define TAG_VALID(tp) \
+    (PyType_HasFeature((tp), Py_TPFLAGS_VALID_VERSION_TAG) && (tp)->tp_version_tag != 0)
+#endif
+
 typedef struct {
     PyObject_HEAD
     long long seq, op_id, cur_op, depth;
@@ -622,7 +631,7 @@ slot_learn(PyTypeObject *tp, PyObject *name, slot_hint *h)
     PyObject *d = _PyType_Lookup(tp, name); /* borrowed; no error set */
     if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type
         || !PyType_IsSubtype(tp, PyDescr_TYPE(d))
-        || !PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
+        || !TAG_VALID(tp))
         return;
     PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
     if (m->type != T_OBJECT_EX)
@@ -639,8 +648,7 @@ static PyObject *
 slot_get(PyObject *obj, PyObject *name, slot_hint *h)
 {
     PyTypeObject *tp = Py_TYPE(obj);
-    if (tp == h->type && tp->tp_version_tag == h->version
-        && PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+    if (tp == h->type && tp->tp_version_tag == h->version && TAG_VALID(tp)) {
         PyObject *v = *(PyObject **)((char *)obj + h->offset);
         if (v != NULL)
             return Py_NewRef(v);
