@@ -12,10 +12,11 @@ sleeps, a switch it makes itself; a preempted one is switched out involuntarily)
 
 Printed per cache: requests that waited (a voluntary switch), the time they lost (wall less CPU
 time) per 1,000 requests, the p99.9 and the longest loss of any request; and, for telemetry, the
-drain thread's CPU time per cycle that shipped (median and longest, its own cycles only; part of
-it runs with the GIL released: the batch's copy out of the sink, the write to the pipe). On this project's 2-core machines the writer process and the drain thread
-share the cores with the cache's thread, so the preempted requests (involuntary switches only)
-are printed apart: they measure the machine, not the GIL.
+drain thread's CPU time per cycle that shipped (median and longest, its own cycles only; part of it
+runs with the GIL released: the batch's copy out of the sink, the write to the pipe). On this
+project's 2-core machines the writer process and the drain thread share the cores with the cache's
+thread, so the preempted requests (involuntary switches only) are printed apart: they measure the
+machine, not the GIL.
 
     python bench/bench_drain.py
     python bench/bench_drain.py --requests 3000 --reps 4

@@ -17,12 +17,12 @@ case (the engine's ``staged_below``); ``--rows`` adds the per-row fallback (one 
 layer and K/V a run; what runs where the CUDA runtime's 2-D copy cannot be loaded). A staged
 backup's copy time leaves out its scatter into the host pool (on the CPU, at the ack: in the
 wall time); a staged load-back's includes the CPU gather that precedes its upload.
-``tiny-frag`` rows: the default ``radixscope run`` preset's shape (1 layer x 2 KV heads x 16
-dim, f32: 256 B a token), page 1, fragmented, ``--tiny-tokens`` a transfer: runs of 256 B,
-where one DMA a run costs most (the case the staged path is for). ``--baseline FILE`` adds the same cases run by
+``tiny-frag`` rows: the default ``radixscope run`` preset's shape (1 layer x 2 KV heads x 16 dim,
+f32: 256 B a token), page 1, fragmented, ``--tiny-tokens`` a transfer: runs of 256 B, where one DMA
+a run costs most (the case the staged path is for). ``--baseline FILE`` adds the same cases run by
 the ``TransferEngine`` of another revision's ``cache/transfer_engine.py`` (``git show
-REV:cache/transfer_engine.py > FILE``), timed by the wall clock from submit to ack, as the
-current engine's ``wall GB/s`` is. Each transfer's content is checked.
+REV:cache/transfer_engine.py > FILE``), timed by the wall clock from submit to ack, as the current
+engine's ``wall GB/s`` is. Each transfer's content is checked.
 
 Run on a GPU: ``python bench/bench_gpu.py`` (``--json FILE`` keeps the numbers). Without CUDA
 it runs the same steps on the CPU (deferred copies, wall time only: a smoke run of the script).

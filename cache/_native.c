@@ -6,12 +6,13 @@ temporaries: insert's slot guard (``check_split``), the key compare of a descent
 ``untrack``, which takes a tree node's acyclic containers off the garbage collector's lists;
 ``fill_slots``, which sets a result's slots in one call (the results' ``__init__``).
 ``cache/native.py`` loads this module and holds the pure-Python versions they must agree with
-(tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when
-the module is not built. Every buffer kernel takes buffers (numpy arrays, ``array('Q')``), checks
-their item type, length and that no buffer it writes shares memory with another argument, works
-under the GIL and never calls back into Python; ``fill_slots`` checks every descriptor before it
-writes, and a value it replaces is released (whose finalizer may run) only as it is replaced. ``ABI`` changes whenever a signature or a result does:
-``native.py`` refuses a build whose number is not its own (a stale ``.so``). */
+(tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when the
+module is not built. Every buffer kernel takes buffers (numpy arrays, ``array('Q')``), checks their
+item type, length and that no buffer it writes shares memory with another argument, works under the
+GIL and never calls back into Python; ``fill_slots`` checks every descriptor before it writes, and a
+value it replaces is released (whose finalizer may run) only as it is replaced. ``ABI`` changes
+whenever a signature or a result does: ``native.py`` refuses a build whose number is not its own (a
+stale ``.so``). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

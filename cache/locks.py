@@ -26,7 +26,8 @@ class Locks(CacheCore):
         n = self.node(node)
         if owner is not None and not isinstance(owner, str):
             raise TypeError(f"owner must be a str or None, got {owner!r}")
-        return self._ledger.run(ev.OP_LOCK, req_id, self._lock, n, owner if owner is not None else req_id)
+        return self._ledger.run(ev.OP_LOCK, req_id, self._lock, n,
+                                owner if owner is not None else req_id)
 
     def lock_pins(self, n: Node) -> tuple[dict[int, list[Node]], list[Node]]:
         path = self.tree.path_to_root(n)

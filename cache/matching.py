@@ -49,9 +49,10 @@ class Matching(CacheCore):
             if not isinstance(req_id, str) or not req_id:
                 raise ValueError(f"prefetch=True needs a req_id (a non-empty str), got {req_id!r}")
             if self.storage is not None:
-                return self._ledger.run(ev.OP_MATCH, req_id, self._match_prefetch, tokens, extra_key,
-                                 bool(cow_mamba), req_id)
-        return self._ledger.run(ev.OP_MATCH, req_id, self._match, tokens, extra_key, bool(cow_mamba))
+                return self._ledger.run(ev.OP_MATCH, req_id, self._match_prefetch, tokens,
+                                        extra_key, bool(cow_mamba), req_id)
+        return self._ledger.run(ev.OP_MATCH, req_id, self._match, tokens, extra_key,
+                                bool(cow_mamba))
 
     def _match(self, tokens, extra_key, cow: bool) -> MatchResult:
         tree = self.tree

@@ -56,10 +56,10 @@ def _aligned(n: int) -> int:
 class StagingSlabs:
     """Pinned byte slabs for staged copies, reused across transfers.
 
-    ``take`` hands out the smallest free slab that fits (a new one, a little larger than asked,
-    when none does); ``give`` takes it back, which the caller does only once no copy into or out of it
-    can still run. So each transfer in flight holds its own slab and pinning (slow) happens
-    only when the set grows. At most ``keep`` free slabs are kept (the smallest go first).
+    ``take`` hands out the smallest free slab that fits (a new one, a little larger than asked, when
+    none does); ``give`` takes it back, which the caller does only once no copy into or out of it
+    can still run. So each transfer in flight holds its own slab and pinning (slow) happens only
+    when the set grows. At most ``keep`` free slabs are kept (the smallest go first).
 
     Args:
         pin: pin the slabs (CUDA); False on the CPU.

@@ -141,7 +141,9 @@ class TransferEngine:
                 self.copies[path] += 1
                 if path == STAGED:  # one stage a direction (a transfer goes one way)
                     to_host = c.dst_tier == ev.TIER_HOST
-                    stage = stages.get(to_host) or stages.setdefault(to_host, Stage(to_host))
+                    stage = stages.get(to_host)
+                    if stage is None:
+                        stage = stages[to_host] = Stage(to_host)
                     stage.add(src.buf, dst.buf, src.slot_dim, c.src, c.dst)
                 elif self.memcpy2d is not None:
                     self.memcpy2d.copy(sr, dr, table, stream.cuda_stream)

@@ -5,10 +5,10 @@ cloned into the nodes, so nothing the transfer holds is shared with the tree (se
 Host values (backup) or device values (load-back) are set when the transfer is created; the
 nodes involved stay pinned (device lock + host ref) until ``poll`` acks the copy.
 
-Under CUDA the copies run on a side stream fenced behind the current stream, one DMA per run
-of slots between the device pool and the pinned host pool, or staged through pinned memory
-when the runs are tiny (``transfer_engine``), and an event marks completion. On CPU a transfer runs when ``poll`` asks for it, in the order asked, so
-tests choose the completion order.
+Under CUDA the copies run on a side stream fenced behind the current stream, one DMA per run of
+slots between the device pool and the pinned host pool, or staged through pinned memory when the
+runs are tiny (``transfer_engine``), and an event marks completion. On CPU a transfer runs when
+``poll`` asks for it, in the order asked, so tests choose the completion order.
 """
 
 from __future__ import annotations
