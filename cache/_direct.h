@@ -17,16 +17,26 @@
 #define RADIXSCOPE_DIRECT_H
 
 #include <Python.h>
+#include <stdint.h>
 
 #define RS_DIRECT_CAPSULE "radixscope.direct_api"
 #define RS_DIRECT_ATTR "_radixscope_direct_api"
-#define RS_DIRECT_VERSION 1
+#define RS_DIRECT_VERSION 2
 
 /* A byte buffer its owner frees with PyMem_Free; ``mutation`` grows it with PyMem_Realloc. */
 typedef struct {
     char *buf;
     Py_ssize_t len, cap;
 } rs_bytes;
+
+/* One component's state on a node, the value ``(lens, refs)`` of the cache's ``comp.state``
+   mutations, as plain numbers: ``lens[t]`` each tier's measured size (None where bit ``t`` of
+   ``none`` is set), then the refs. At most 32 tiers. */
+typedef struct {
+    Py_ssize_t ntiers, nrefs;
+    uint32_t none;
+    const long long *lens, *refs;
+} rs_state;
 
 /* An op record's fields (``OpRecord``'s order, less ``error``: None), the objects borrowed. */
 typedef struct {
@@ -50,6 +60,12 @@ typedef struct {
        most as deep as the recorder writes itself (no Python code runs, so nothing can change
        while it is written); -1 with an error set (memory), ``out`` as it was. */
     int (*mutation)(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items);
+    /* Append ``(seq, cur_op, items[0], items[1], items[2], None, (lens, refs))`` (kind, node,
+       comp; no tier; ``st`` as its tuples of ints and None) as ``mutation`` writes that 7-tuple
+       made of objects: the ledger's ``state``, with no tuple made. The returns of ``mutation``
+       (RS_NOT_PLAIN: an item it cannot write). */
+    int (*state)(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items,
+                 const rs_state *st);
     /* Append the record ``head`` with its mutations, ``muts`` (``len`` bytes: marshal's
        encoding of their list, header included) to ``recorder``'s buffer. RS_DONE; RS_NOT_TAKEN
        where the recorder, called with the objects, would not append it itself (its buffer is at

@@ -659,48 +659,120 @@ slot_get(PyObject *obj, PyObject *name, slot_hint *h)
     return v;
 }
 
-/* ``(lens, refs)`` of one component's data: each tier's value measured by that tier's size
-   callable (None stays None), the refs as a tuple; a new reference, or NULL. */
-static PyObject *
-state_value(Ledger *L, PyObject *sizes, PyObject *data)
+#define MAX_TIERS 32 /* tiers a component's state is measured on without a list copied */
+
+/* ``v`` (an exact int of 64 bits) into ``*x``: 1, or 0 for anything else (no error set). */
+static int
+plain_ll(PyObject *v, long long *x)
 {
-    PyObject *values = slot_get(data, s_values, &L->hints[H_VALUES]), *refs = NULL, *fast = NULL;
-    PyObject *lens = NULL, *out = NULL;
-    if (values == NULL)
-        goto done;
-    /* a list copied first: a size callable may run Python code that changes it */
-    if ((fast = PySequence_Tuple(values)) == NULL)
-        goto done;
-    Py_ssize_t nt = PyTuple_GET_SIZE(sizes);
-    if (PyTuple_GET_SIZE(fast) != nt) {
-        PyErr_Format(PyExc_ValueError, "state: %zd values for %zd tiers", PyTuple_GET_SIZE(fast),
-                     nt);
-        goto done;
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int overflow;
+    *x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow; /* (an exact int runs no code and raises nothing here) */
+}
+
+/* One component's state ``(lens, refs)`` written by the recorder's ``state`` (no tuple made):
+   each tier's measured size in ``lens`` (new references, None where there is no value), the
+   refs as ``refs`` holds them. 1 when written, 0 when not plain (a size that is not an exact
+   int of 64 bits, refs not an exact list of such ints, an item the recorder cannot write), -1
+   with an error set. */
+static int
+state_direct(Ledger *L, PyObject *const *items, PyObject **lens, Py_ssize_t nt, PyObject *refs)
+{
+    long long ln[MAX_TIERS], rf[MAX_TIERS];
+    rs_state st = {nt, 0, 0, ln, rf};
+    for (Py_ssize_t t = 0; t < nt; t++)
+        if (lens[t] == Py_None)
+            st.none |= (uint32_t)1 << t;
+        else if (!plain_ll(lens[t], &ln[t]))
+            return 0;
+    if (!PyList_CheckExact(refs) || (st.nrefs = PyList_GET_SIZE(refs)) > MAX_TIERS)
+        return 0;
+    for (Py_ssize_t t = 0; t < st.nrefs; t++)
+        if (!plain_ll(PyList_GET_ITEM(refs, t), &rf[t]))
+            return 0;
+    int r = L->api->state(&L->mbuf, L->seq + 1, L->cur_op, items, &st);
+    if (r != RS_DONE)
+        return r < 0 ? -1 : 0;
+    L->mcount++;
+    L->seq++;
+    return 1;
+}
+
+/* Record one component's state from its data: ``(lens, refs)``, each tier's value (``values``,
+   read once) measured by that tier's size callable (None stays None), the refs as a tuple, read
+   after the size callables ran (code they run may rebind them, as PyLedger reads them). Where
+   the recorder writes directly and all of it is plain numbers, ``state_direct`` writes it with
+   no tuple made; else the tuples, as ``m`` records any value. 0, or -1 with an error set. */
+static int
+state_record(Ledger *L, PyObject *const *items, PyObject *sizes, PyObject *data,
+             PyObject *values)
+{
+    Py_ssize_t nt = PyTuple_GET_SIZE(sizes), got;
+    PyObject *fast = NULL, *lens[MAX_TIERS], *lent = NULL, *refs = NULL, *value = NULL;
+    int r = -1, n = 0;
+    /* a list copied first (a size callable may run Python code that changes it): onto the
+       stack where it is short, else into a tuple */
+    if (PyList_CheckExact(values) && PyList_GET_SIZE(values) == nt && nt <= MAX_TIERS) {
+        for (; n < nt; n++)
+            lens[n] = Py_NewRef(PyList_GET_ITEM(values, n));
     }
-    if ((lens = PyTuple_New(nt)) == NULL)
-        goto done;
-    for (Py_ssize_t t = 0; t < nt; t++) {
-        PyObject *v = PyTuple_GET_ITEM(fast, t);
-        PyObject *n = v == Py_None ? Py_NewRef(Py_None)
-                                   : PyObject_CallOneArg(PyTuple_GET_ITEM(sizes, t), v);
-        if (n == NULL)
+    else {
+        if ((fast = PySequence_Tuple(values)) == NULL)
+            return -1;
+        if ((got = PyTuple_GET_SIZE(fast)) != nt) {
+            PyErr_Format(PyExc_ValueError, "state: %zd values for %zd tiers", got, nt);
             goto done;
-        PyTuple_SET_ITEM(lens, t, n);
+        }
+        if ((lent = PyTuple_New(nt)) == NULL)
+            goto done;
     }
-    /* the refs read after the size callables ran (code they run may rebind them), as PyLedger */
+    for (Py_ssize_t t = 0; t < nt; t++) { /* each value replaced by its size */
+        PyObject *v = fast != NULL ? PyTuple_GET_ITEM(fast, t) : lens[t];
+        PyObject *size = v == Py_None ? Py_NewRef(Py_None)
+                                      : PyObject_CallOneArg(PyTuple_GET_ITEM(sizes, t), v);
+        if (size == NULL)
+            goto done;
+        if (fast != NULL)
+            PyTuple_SET_ITEM(lent, t, size);
+        else
+            Py_SETREF(lens[t], size);
+    }
     if ((refs = slot_get(data, s_refs, &L->hints[H_REFS])) == NULL)
         goto done;
+    if (!L->on) { /* (recording turned off by code a size callable ran: nothing, as m) */
+        r = 0;
+        goto done;
+    }
+    if (fast == NULL && writes_direct(L)) {
+        int w = state_direct(L, items, lens, nt, refs);
+        if (w != 0) {
+            r = w < 0 ? -1 : 0;
+            goto done;
+        }
+    }
+    if (lent == NULL) {
+        if ((lent = PyTuple_New(nt)) == NULL)
+            goto done;
+        for (; n > 0; n--)
+            PyTuple_SET_ITEM(lent, n - 1, lens[n - 1]); /* the references move to the tuple */
+    }
     PyObject *reft = PySequence_Tuple(refs);
     if (reft != NULL) {
-        out = PyTuple_Pack(2, lens, reft);
+        value = PyTuple_Pack(2, lent, reft);
         Py_DECREF(reft);
     }
+    if (value != NULL)
+        r = append_mutation(L, items[0], items[1], items[2], Py_None, value);
 done:
-    Py_XDECREF(values);
-    Py_XDECREF(refs);
+    while (n > 0)
+        Py_DECREF(lens[--n]);
     Py_XDECREF(fast);
-    Py_XDECREF(lens);
-    return out;
+    Py_XDECREF(lent);
+    Py_XDECREF(refs);
+    Py_XDECREF(value);
+    return r;
 }
 
 /* ``v`` as ``operator.index`` takes it (its own error passes through), in [0, n); else -1
@@ -753,17 +825,19 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *sizes = Py_NewRef(PyTuple_GET_ITEM(all_sizes, ci));
     Py_DECREF(names);
     Py_DECREF(all_sizes);
-    PyObject *id = NULL, *all = NULL, *data = NULL, *value = NULL, *r = NULL;
+    PyObject *id = NULL, *all = NULL, *data = NULL, *values = NULL, *r = NULL;
     if ((id = slot_get(args[0], s_id, &L->hints[H_ID])) != NULL
         && (all = slot_get(args[0], s_data, &L->hints[H_DATA])) != NULL
         && (data = PySequence_GetItem(all, ci)) != NULL
-        && (value = state_value(L, sizes, data)) != NULL
-        && (!L->on || append_mutation(L, kind, id, name, Py_None, value) == 0))
-        r = Py_NewRef(Py_None); /* (recording turned off by code a size callable ran: as m) */
+        && (values = slot_get(data, s_values, &L->hints[H_VALUES])) != NULL) {
+        PyObject *items[3] = {kind, id, name};
+        if (state_record(L, items, sizes, data, values) == 0)
+            r = Py_NewRef(Py_None);
+    }
     Py_XDECREF(id);
     Py_XDECREF(all);
     Py_XDECREF(data);
-    Py_XDECREF(value);
+    Py_XDECREF(values);
     Py_DECREF(kind);
     Py_DECREF(name);
     Py_DECREF(sizes);

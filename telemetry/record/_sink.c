@@ -497,6 +497,37 @@ direct_mutation(rs_bytes *out, long long seq, long long cur_op, PyObject *const 
     return r;
 }
 
+/* rs_direct_api.state: ``(seq, cur_op, kind, node, comp, None, (lens, refs))`` as
+   ``direct_mutation`` writes it with the value's tuples made. */
+static int
+direct_state(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items,
+             const rs_state *st)
+{
+    Py_ssize_t start = out->len;
+    int r = put_type_int32(out, '(', 7);
+    if (r == 0)
+        r = encode_ll(out, seq);
+    if (r == 0)
+        r = encode_ll(out, cur_op);
+    for (int i = 0; r == 0 && i < 3; i++)
+        r = encode_plain(out, items[i], 3);
+    if (r == 0)
+        r = put1(out, 'N');
+    if (r == 0)
+        r = put_type_int32(out, '(', 2);
+    if (r == 0)
+        r = put_type_int32(out, '(', (int32_t)st->ntiers);
+    for (Py_ssize_t t = 0; r == 0 && t < st->ntiers; t++)
+        r = (st->none >> t) & 1 ? put1(out, 'N') : encode_ll(out, st->lens[t]);
+    if (r == 0)
+        r = put_type_int32(out, '(', (int32_t)st->nrefs);
+    for (Py_ssize_t t = 0; r == 0 && t < st->nrefs; t++)
+        r = encode_ll(out, st->refs[t]);
+    if (r != 0)
+        out->len = start;
+    return r;
+}
+
 /* ---- the call ------------------------------------------------------------------------------ */
 
 #define OP_FIELDS 10 /* an OpRecord: (op_id, op, start_ns, end_ns, req_id, context, ...) */
@@ -699,7 +730,7 @@ direct_fallback(PyObject *self, PyObject *op, PyObject *muts)
 }
 
 static const rs_direct_api direct_api = {
-    RS_DIRECT_VERSION, direct_mutation, direct_record, direct_fallback,
+    RS_DIRECT_VERSION, direct_mutation, direct_state, direct_record, direct_fallback,
 };
 
 /* ---- methods -------------------------------------------------------------------------------- */

@@ -637,3 +637,70 @@ def test_the_context_reaches_the_sinks_parent_lookup_directly() -> None:
 
     (n, _, records, _), *_ = run_both(scenario, context=var)
     assert [marshal.loads(r)[5] for r in records] == [(10, 0, 0, False), (17, 0, 0, False)]
+
+
+class _Data:
+    def __init__(self, values, refs) -> None:
+        self.values, self.refs = values, refs
+
+
+class _Node:
+    def __init__(self, nid, data) -> None:
+        self.id, self.data = nid, data
+
+
+STATES = {  # a component's values and refs -> what ``state`` writes directly or hands back
+    "plain": ([[1, 2], None, [3]], [0, 2, 0]),
+    "no value": ([None, None, None], [0, 0, 0]),
+    "refs a tuple": ([[1], None, None], (1, 0, 0)),
+    "values a tuple": (([1], None, [2]), [0, 0, 0]),
+    "a ref past 64 bits": ([[1], None, None], [2**70, 0, 0]),
+    "a negative ref": ([[1], None, None], [-3, 0, 0]),
+    "more refs than tiers": ([[1], None, None], [0] * 40),
+    "a size not an int": ([2.5, None, None], [0, 0, 0]),
+    "a size past 64 bits": ([2**70, None, None], [0, 0, 0]),
+    "a size an int subclass": ([True, None, None], [0, 0, 0]),
+}
+
+
+def _size(v):
+    return v if isinstance(v, (int, float)) else len(v)
+
+
+@pytest.mark.parametrize("case", list(STATES))
+def test_state_writes_a_components_state_as_the_tuples_would_be_written(case) -> None:
+    values, refs = STATES[case]
+
+    def scenario(led) -> None:
+        led.set_states("comp.state", ("full",), ((_size,) * 3,))
+        node = _Node(7, [_Data(values, refs)])
+        led.run("op", "r", lambda: (led.state(node, 0), led.m(*CREATE), led.state(node, 0)))
+        led.state(node, 0)
+        return led.take()
+
+    run_both(scenario)
+
+
+@pytest.mark.parametrize("during", ["shrink", "rebind refs", "take", "direct off", "off"])
+def test_a_size_callable_that_changes_things_leaves_state_as_the_python_ledger(during) -> None:
+    def scenario(led) -> None:
+        data = _Data([[1], [2, 3], None], [0, 1, 0])
+
+        def size(v):
+            if during == "shrink":
+                data.values.clear()
+            elif during == "rebind refs":
+                data.refs = [5, 5, 5]
+            elif during == "take":
+                led.take()
+            elif during == "direct off" and isinstance(led, C.Ledger):
+                led.direct = False
+            elif during == "off":
+                led.on = False
+            return len(v)
+
+        led.set_states("comp.state", ("full",), ((size,) * 3,))
+        led.run("op", "r", lambda: (led.m(*CREATE), led.state(_Node(2, [data]), 0)))
+        return led.take()
+
+    run_both(scenario)
