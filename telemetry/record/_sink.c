@@ -932,7 +932,7 @@ forget_records(Sink *s)
 }
 
 static PyObject *
-sink_take(PyObject *self, PyObject *unused)
+sink_take(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     PyObject *out = contents(s);
@@ -952,7 +952,7 @@ sink_take(PyObject *self, PyObject *unused)
 #define SWAP_MIN (64 * 1024)
 
 static PyObject *
-sink_take_batch(PyObject *self, PyObject *unused)
+sink_take_batch(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     Py_ssize_t n = s->n, done = s->done, tail = s->out.len - s->done;
@@ -1011,13 +1011,13 @@ sink_take_batch(PyObject *self, PyObject *unused)
 }
 
 static PyObject *
-sink_peek(PyObject *self, PyObject *unused)
+sink_peek(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     return contents((Sink *)self);
 }
 
 static PyObject *
-sink_forget_context(PyObject *self, PyObject *unused)
+sink_forget_context(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     Py_CLEAR(s->last_ctx);
@@ -1064,7 +1064,7 @@ sink_init(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *
-sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+sink_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
 {
     Sink *s = (Sink *)type->tp_alloc(type, 0);
     if (s != NULL)
@@ -1111,13 +1111,13 @@ sink_dealloc(PyObject *self)
 }
 
 static PyObject *
-sink_get_limit(PyObject *self, void *closure)
+sink_get_limit(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->limit);
 }
 
 static int
-sink_set_limit(PyObject *self, PyObject *value, void *closure)
+sink_set_limit(PyObject *self, PyObject *value, void *Py_UNUSED(closure))
 {
     if (value == NULL || !PyLong_Check(value)) {
         PyErr_SetString(PyExc_TypeError, "limit must be an int");
@@ -1136,19 +1136,19 @@ sink_set_limit(PyObject *self, PyObject *value, void *closure)
 }
 
 static PyObject *
-sink_get_n(PyObject *self, void *closure)
+sink_get_n(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->n);
 }
 
 static PyObject *
-sink_get_nbytes(PyObject *self, void *closure)
+sink_get_nbytes(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->out.len);
 }
 
 static PyObject *
-sink_get_seq(PyObject *self, void *closure)
+sink_get_seq(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(((Sink *)self)->recorded_seq);
 }
@@ -1182,7 +1182,8 @@ static PyTypeObject SinkType = {
 
 static struct PyModuleDef sink_module = {
     PyModuleDef_HEAD_INIT, "_sink",
-    "The recorder's per-op encoder (see telemetry/record/sink.py).", -1, NULL,
+    "The recorder's per-op encoder (see telemetry/record/sink.py).", -1, NULL, NULL, NULL, NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC
