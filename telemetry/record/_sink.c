@@ -2,9 +2,10 @@
 
 A ``Sink`` is what the cache calls once per op, ``sink(op, mutations)``: it reduces the op's
 caller context to its parent span's ids (remembering the last context, as ``compact_record``
-does), and appends the compact record ``(op_id, op, start_ns, end_ns, req_id, parent, seq_first,
-seq_last, attrs, error, mutations)`` to one growing buffer, encoded exactly as
-``marshal.dumps(record, 2)`` encodes it, so the sinks' decoding (``marshal.loads``) is unchanged.
+does, and those ids' encoding: ``put_parent``), and appends the compact record ``(op_id, op,
+start_ns, end_ns, req_id, parent, seq_first, seq_last, attrs, error, mutations)`` to one growing
+buffer, encoded exactly as ``marshal.dumps(record, 2)`` encodes it, so the sinks' decoding
+(``marshal.loads``) is unchanged.
 None, bools, exact ints, strs, tuples, lists, dicts of those plain values (an eviction's freed
 slots) and buffers (a created node's tokens) are written here; any other value (a float, a dict
 holding anything else) is handed to marshal's own writer and spliced in
@@ -66,15 +67,16 @@ typedef struct {
     int taking;       /* a ``take_batch`` copies with the GIL released: the spare is its */
     PyObject *full, *fallback, *parent_of;
     PyObject *last_ctx, *last_parent; /* the context seen last and its span's ids */
+    PyObject *parent_encoded; /* the span's ids whose encoding ``parent_enc`` holds (held) */
+    rs_bytes parent_enc;      /* see ``put_parent`` */
 } Sink;
 
 /* ---- the buffer ------------------------------------------------------------------------- */
 
+/* ``reserve``'s slow case: the buffer doubled until ``more`` bytes fit past its end. */
 static int
-reserve(rs_bytes *s, Py_ssize_t more)
+grow(rs_bytes *s, Py_ssize_t more)
 {
-    if (s->cap - s->len >= more)
-        return 0;
     Py_ssize_t cap = s->cap ? s->cap : 4096;
     while (cap - s->len < more) {
         if (cap > PY_SSIZE_T_MAX / 2) {
@@ -93,6 +95,82 @@ reserve(rs_bytes *s, Py_ssize_t more)
     return 0;
 }
 
+/* Room for ``more`` bytes past the end: a compare where there is (inline, as every writer
+   below calls it), ``grow`` where there is not. */
+static inline int
+reserve(rs_bytes *s, Py_ssize_t more)
+{
+    return s->cap - s->len >= more ? 0 : grow(s, more);
+}
+
+/* The unchecked writers: each writes at ``p``, in room a ``reserve`` made, and returns the end
+   of what it wrote; the caller then sets ``len`` from it. A run of fields of bounded size takes
+   one ``reserve``. No Python code may run between the ``reserve`` and the writes (it could
+   move the buffer: ``take`` while a record is being written). */
+static inline unsigned char *
+end_of(rs_bytes *s)
+{
+    return (unsigned char *)s->buf + s->len;
+}
+
+/* ``type`` and ``v`` as 4 bytes, little-endian (one store where the machine is) */
+static inline unsigned char *
+w_type_int32(unsigned char *p, char type, int32_t v)
+{
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)type;
+#if PY_LITTLE_ENDIAN
+    memcpy(p + 1, &u, 4);
+#else
+    p[1] = (unsigned char)(u & 0xff);
+    p[2] = (unsigned char)((u >> 8) & 0xff);
+    p[3] = (unsigned char)((u >> 16) & 0xff);
+    p[4] = (unsigned char)((u >> 24) & 0xff);
+#endif
+    return p + 5;
+}
+
+/* The bits of ``m`` (0 for 0). */
+static inline int
+bit_length(unsigned long long m)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return m ? 64 - __builtin_clzll(m) : 0;
+#else
+    int n = 0;
+    for (; m; m >>= 1)
+        n++;
+    return n;
+#endif
+}
+
+/* marshal's TYPE_LONG: the magnitude in 15-bit digits, least significant first, their count
+   signed by the value's sign. 64 bits are at most 5 digits: LONG64_ROOM bytes in all. (All 5
+   written, unrolled, the end put after the last used, measured no cheaper.) */
+#define LONG64_ROOM (5 + 2 * 5)
+
+static inline unsigned char *
+w_long64(unsigned char *p, long long x)
+{
+    unsigned long long mag = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+    int32_t digits = (bit_length(mag) + 14) / 15;
+    p = w_type_int32(p, 'l', x < 0 ? -digits : digits);
+    for (int32_t i = 0; i < digits; i++, mag >>= 15, p += 2) {
+        p[0] = (unsigned char)(mag & 0xff);
+        p[1] = (unsigned char)((mag >> 8) & 0x7f);
+    }
+    return p;
+}
+
+/* An int of 64 bits as marshal writes it: TYPE_INT where it fits in 32, else TYPE_LONG. */
+static inline unsigned char *
+w_ll(unsigned char *p, long long x)
+{
+    if (x >= INT32_MIN && x <= INT32_MAX)
+        return w_type_int32(p, 'i', (int32_t)x);
+    return w_long64(p, x);
+}
+
 static inline int
 put(rs_bytes *s, const void *data, Py_ssize_t size)
 {
@@ -106,7 +184,7 @@ put(rs_bytes *s, const void *data, Py_ssize_t size)
 static inline int
 put1(rs_bytes *s, char c)
 {
-    if (s->len >= s->cap && reserve(s, 1) < 0)
+    if (reserve(s, 1) < 0)
         return -1;
     s->buf[s->len++] = c;
     return 0;
@@ -117,55 +195,47 @@ put_type_int32(rs_bytes *s, char type, int32_t v)
 {
     if (reserve(s, 5) < 0)
         return -1;
-    unsigned char *p = (unsigned char *)s->buf + s->len;
-    uint32_t u = (uint32_t)v;
-    p[0] = (unsigned char)type;
-    p[1] = (unsigned char)(u & 0xff);
-    p[2] = (unsigned char)((u >> 8) & 0xff);
-    p[3] = (unsigned char)((u >> 16) & 0xff);
-    p[4] = (unsigned char)((u >> 24) & 0xff);
+    w_type_int32(end_of(s), type, v);
     s->len += 5;
+    return 0;
+}
+
+static inline int
+put_ll(rs_bytes *s, long long x)
+{
+    if (reserve(s, LONG64_ROOM) < 0)
+        return -1;
+    s->len = (char *)w_ll(end_of(s), x) - s->buf;
+    return 0;
+}
+
+/* Two of them, in one ``reserve`` (a record's start and end, its first and last seq). */
+static inline int
+put_ll2(rs_bytes *s, long long x, long long y)
+{
+    if (reserve(s, 2 * LONG64_ROOM) < 0)
+        return -1;
+    s->len = (char *)w_ll(w_ll(end_of(s), x), y) - s->buf;
+    return 0;
+}
+
+/* ``type``, a 4-byte size and ``size`` bytes (a str's UTF-8, a buffer's bytes). */
+static inline int
+put_sized(rs_bytes *s, char type, const void *data, Py_ssize_t size)
+{
+    if (reserve(s, 5 + size) < 0)
+        return -1;
+    unsigned char *p = w_type_int32(end_of(s), type, (int32_t)size);
+    memcpy(p, data, (size_t)size);
+    s->len += 5 + size;
     return 0;
 }
 
 /* ---- marshal version 2, the common types -------------------------------------------------- */
 
-static int encode(rs_bytes *s, PyObject *v, int depth);
-
-/* Anything else: marshal's own writer, spliced in. */
-static int
-encode_by_marshal(rs_bytes *s, PyObject *v)
-{
-    PyObject *b = PyMarshal_WriteObjectToString(v, MARSHAL_VERSION);
-    if (b == NULL)
-        return -1;
-    int r = put(s, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
-    Py_DECREF(b);
-    return r;
-}
-
-/* marshal's TYPE_LONG: the magnitude in 15-bit digits, least significant first, their count
-   signed by the value's sign. */
-static int
-encode_long64(rs_bytes *s, long long x)
-{
-    unsigned long long mag = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
-    int32_t digits = 0;
-    for (unsigned long long m = mag; m; m >>= 15)
-        digits++;
-    if (put_type_int32(s, 'l', x < 0 ? -digits : digits) < 0 || reserve(s, 2 * digits) < 0)
-        return -1;
-    unsigned char *p = (unsigned char *)s->buf + s->len;
-    for (int32_t i = 0; i < digits; i++, mag >>= 15) {
-        p[2 * i] = (unsigned char)(mag & 0xff);
-        p[2 * i + 1] = (unsigned char)((mag >> 8) & 0x7f);
-    }
-    s->len += 2 * digits;
-    return 0;
-}
-
 /* An int of at most one digit (most ids, counts and lengths): its value read straight from the
-   object, without PyLong_AsLongLongAndOverflow's general path. 1 when it was one. */
+   object, without PyLong_AsLongLongAndOverflow's general path. 1 when it was one. A digit is
+   at most 30 bits, so the value fits TYPE_INT. */
 static inline int
 compact_int(PyObject *v, long long *out)
 {
@@ -184,11 +254,85 @@ compact_int(PyObject *v, long long *out)
 #endif
 }
 
+/* The common leaves, written inline by every encoder below before its general case. They run
+   no Python code and allocate nothing, and ``encode`` and ``encode_plain`` write them alike; a
+   caller at a depth past MAX_DEPTH takes its general case (an int there is not written here).
+
+   ``w_small``: None, a bool or an exact int of one digit (most ids, counts, lengths), at most
+   SMALL_ROOM bytes, written unchecked at ``p``; NULL, nothing written, for anything else.
+   (Runs of them written with one ``reserve`` measured no cheaper than one ``reserve`` each.) */
+#define SMALL_ROOM 5
+
+static inline unsigned char *
+w_small(unsigned char *p, PyObject *v)
+{
+    long long x;
+    if (v == Py_None) {
+        *p = 'N';
+        return p + 1;
+    }
+    if (Py_TYPE(v) == &PyLong_Type && compact_int(v, &x))
+        return w_type_int32(p, 'i', (int32_t)x);
+    if (Py_TYPE(v) == &PyBool_Type) {
+        *p = v == Py_True ? 'T' : 'F';
+        return p + 1;
+    }
+    return NULL;
+}
+
+/* ``w_small``'s values, and an exact str that is compact ASCII (ops, request ids, names,
+   kinds: its bytes are its UTF-8, read with no call, never a lone surrogate). 0 when written,
+   -1 out of memory, 1 when ``v`` is none of these (nothing written). */
+static inline int
+put_leaf(rs_bytes *s, PyObject *v)
+{
+    if (Py_TYPE(v) == &PyUnicode_Type) {
+        if (!PyUnicode_IS_COMPACT_ASCII(v) || PyUnicode_GET_LENGTH(v) > INT32_MAX)
+            return 1;
+        return put_sized(s, 'u', PyUnicode_DATA(v), PyUnicode_GET_LENGTH(v));
+    }
+    if (reserve(s, SMALL_ROOM) < 0)
+        return -1;
+    unsigned char *p = w_small(end_of(s), v);
+    if (p == NULL)
+        return 1;
+    s->len = (char *)p - s->buf;
+    return 0;
+}
+
+static int encode_any(rs_bytes *s, PyObject *v, int depth);
+
+/* ``v`` (at ``depth``: a record's fields are at 1) as marshal version 2 writes it: 0, -1 with an
+   error set, -2 nested deeper than MAX_DEPTH; on failure ``s`` is partly written (the caller
+   cuts it back). The common leaves inline, the rest in ``encode_any``. */
+static inline int
+encode(rs_bytes *s, PyObject *v, int depth)
+{
+    if (depth <= MAX_DEPTH) {
+        int r = put_leaf(s, v);
+        if (r <= 0)
+            return r;
+    }
+    return encode_any(s, v, depth);
+}
+
+/* Anything else: marshal's own writer, spliced in. */
+static int
+encode_by_marshal(rs_bytes *s, PyObject *v)
+{
+    PyObject *b = PyMarshal_WriteObjectToString(v, MARSHAL_VERSION);
+    if (b == NULL)
+        return -1;
+    int r = put(s, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return r;
+}
+
 static int
 encode_int(rs_bytes *s, PyObject *v)
 {
     long long small;
-    if (compact_int(v, &small) && small >= INT32_MIN && small <= INT32_MAX)
+    if (compact_int(v, &small))
         return put_type_int32(s, 'i', (int32_t)small);
     int overflow;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -196,9 +340,7 @@ encode_int(rs_bytes *s, PyObject *v)
         return encode_by_marshal(s, v);
     if (x == -1 && PyErr_Occurred())
         return -1;
-    if (x >= INT32_MIN && x <= INT32_MAX)
-        return put_type_int32(s, 'i', (int32_t)x);
-    return encode_long64(s, x);
+    return put_ll(s, x);
 }
 
 static int
@@ -212,9 +354,7 @@ encode_str(rs_bytes *s, PyObject *v)
     }
     if (size > INT32_MAX)
         return encode_by_marshal(s, v);
-    if (put_type_int32(s, 'u', (int32_t)size) < 0)
-        return -1;
-    return put(s, utf8, size);
+    return put_sized(s, 'u', utf8, size);
 }
 
 /* marshal's TYPE_STRING, which it writes for bytes and for any other object with a buffer (a
@@ -231,11 +371,8 @@ encode_buffer(rs_bytes *s, PyObject *v)
     if (view.len > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "buffer too long to encode");
         r = -1;
-    } else {
-        r = put_type_int32(s, 's', (int32_t)view.len);
-        if (r == 0)
-            r = put(s, view.buf, view.len);
-    }
+    } else
+        r = put_sized(s, 's', view.buf, view.len);
     PyBuffer_Release(&view);
     return r;
 }
@@ -279,14 +416,33 @@ plain(PyObject *v)
 }
 
 /* A dict (an eviction's freed slots per component), as marshal writes it: '{', each key and
-   value in the dict's order, '0'. Only when every key and value is plain, so that nothing can
-   change the dict while it is iterated the second time; any other dict goes to marshal's writer
-   whole (the first pass may run code, and stops at the first value that is not plain). */
+   value in the dict's order, '0'. Written in one pass where every key and value is a leaf
+   ``put_leaf`` writes (no code runs, so nothing can change the dict meanwhile); else, from the
+   start again, only when every key and value is plain, so that nothing can change the dict
+   while it is iterated the second time; any other dict goes to marshal's writer whole (the
+   first pass may run code, and stops at the first value that is not plain). */
 static int
 encode_dict(rs_bytes *s, PyObject *v, int depth)
 {
-    Py_ssize_t pos = 0;
+    Py_ssize_t pos = 0, start = s->len;
     PyObject *k, *x;
+    int leaves = depth < MAX_DEPTH; /* (its keys and values are at depth + 1) */
+    if (leaves) {
+        if (put1(s, '{') < 0)
+            return -1;
+        while (leaves && PyDict_Next(v, &pos, &k, &x)) {
+            int r = put_leaf(s, k);
+            if (r == 0)
+                r = put_leaf(s, x);
+            if (r < 0)
+                return -1;
+            leaves = r == 0;
+        }
+        if (leaves)
+            return put1(s, '0');
+        s->len = start; /* not all leaves: the two passes below */
+        pos = 0;
+    }
     while (PyDict_Next(v, &pos, &k, &x))
         if (!plain(k) || !plain(x))
             return encode_by_marshal(s, v);
@@ -338,20 +494,22 @@ put_singleton(rs_bytes *s, PyObject *v)
     return c == 0 ? 0 : put1(s, c) < 0 ? -1 : 1;
 }
 
+/* ``encode``'s general case: any value past MAX_DEPTH, else one ``put_leaf`` did not write. */
 static int
-encode(rs_bytes *s, PyObject *v, int depth)
+encode_any(rs_bytes *s, PyObject *v, int depth)
 {
-    int one = put_singleton(s, v);
-    if (one)
-        return one < 0 ? -1 : 0;
-    if (depth > MAX_DEPTH)
+    if (depth > MAX_DEPTH) {
+        int one = put_singleton(s, v);
+        if (one)
+            return one < 0 ? -1 : 0;
         return -2; /* append hands the whole record to marshal: its depth limit is per dump */
+    }
+    if (PyTuple_CheckExact(v))
+        return encode_tuple(s, v, depth);
     if (PyLong_CheckExact(v))
         return encode_int(s, v);
     if (PyUnicode_CheckExact(v))
         return encode_str(s, v);
-    if (PyTuple_CheckExact(v))
-        return encode_tuple(s, v, depth);
     if (PyList_CheckExact(v))
         return encode_list(s, v, depth);
     if (PyDict_CheckExact(v))
@@ -364,14 +522,6 @@ encode(rs_bytes *s, PyObject *v, int depth)
 /* ---- plain values, for the ledger's direct records (cache/_direct.h) ------------------------ */
 
 static PyTypeObject *array_type; /* array.array: a created node's tokens */
-
-static inline int
-encode_ll(rs_bytes *s, long long x)
-{
-    if (x >= INT32_MIN && x <= INT32_MAX)
-        return put_type_int32(s, 'i', (int32_t)x);
-    return encode_long64(s, x);
-}
 
 /* A str that holds a lone surrogate (UTF-8 cannot; marshal writes it "surrogatepass"), or
    that is not ready. */
@@ -392,40 +542,49 @@ has_surrogate(PyObject *v)
     return 0;
 }
 
+static int encode_plain_any(rs_bytes *s, PyObject *v, int depth);
+
 /* ``v`` as ``encode`` writes it, where that runs no Python code and calls nothing that can
    (no marshal writer, no allocation of an object the collector tracks): RS_NOT_PLAIN for
    anything else, with ``s`` partly written (the caller cuts it back). So nothing can change a
    container while it is walked, and the bytes are what the same value gives at the op's end
    (the ledger writes a mutation when it is made; the values the cache records are not changed
-   after, and a test holds the two paths to the same bytes). */
-static int
+   after, and a test holds the two paths to the same bytes). The common leaves inline
+   (``put_leaf``), the rest in ``encode_plain_any``. */
+static inline int
 encode_plain(rs_bytes *s, PyObject *v, int depth)
 {
-    int one = put_singleton(s, v);
-    if (one)
-        return one < 0 ? -1 : 0;
-    if (depth > MAX_DEPTH)
-        return RS_NOT_PLAIN;
-    if (PyLong_CheckExact(v)) {
-        long long x;
-        if (!compact_int(v, &x)) {
-            int overflow;
-            x = PyLong_AsLongLongAndOverflow(v, &overflow);
-            if (overflow)
-                return RS_NOT_PLAIN;
-        }
-        return encode_ll(s, x);
+    if (depth <= MAX_DEPTH) {
+        int r = put_leaf(s, v);
+        if (r <= 0)
+            return r;
     }
-    if (PyUnicode_CheckExact(v)) {
-        if (has_surrogate(v)) /* its UTF-8 error would allocate an exception, so may collect */
-            return RS_NOT_PLAIN;
-        Py_ssize_t size;
-        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size); /* kept in the str */
-        if (utf8 == NULL)
-            return -1; /* out of memory */
-        if (size > INT32_MAX || put_type_int32(s, 'u', (int32_t)size) < 0)
-            return size > INT32_MAX ? RS_NOT_PLAIN : -1;
-        return put(s, utf8, size);
+    return encode_plain_any(s, v, depth);
+}
+
+/* ``size`` items, each at ``depth``, as ``encode_plain`` writes them (a tuple's, a list's, a
+   mutation's). */
+static inline int
+put_plain_items(rs_bytes *s, PyObject *const *items, Py_ssize_t size, int depth)
+{
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int r = encode_plain(s, items[i], depth);
+        if (r != 0)
+            return r;
+    }
+    return 0;
+}
+
+/* ``encode_plain``'s general case: any value past MAX_DEPTH, else one ``put_leaf`` did not
+   write. */
+static int
+encode_plain_any(rs_bytes *s, PyObject *v, int depth)
+{
+    if (depth > MAX_DEPTH) {
+        int one = put_singleton(s, v);
+        if (one)
+            return one < 0 ? -1 : 0;
+        return RS_NOT_PLAIN;
     }
     if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
         Py_ssize_t size = Py_SIZE(v);
@@ -435,12 +594,28 @@ encode_plain(rs_bytes *s, PyObject *v, int depth)
             return RS_NOT_PLAIN;
         if (put_type_int32(s, PyTuple_CheckExact(v) ? '(' : '[', (int32_t)size) < 0)
             return -1;
-        for (Py_ssize_t i = 0; i < size; i++) {
-            int r = encode_plain(s, items[i], depth + 1);
-            if (r != 0)
-                return r;
+        return put_plain_items(s, items, size, depth + 1);
+    }
+    if (PyLong_CheckExact(v)) {
+        long long x;
+        if (!compact_int(v, &x)) {
+            int overflow;
+            x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow)
+                return RS_NOT_PLAIN;
         }
-        return 0;
+        return put_ll(s, x);
+    }
+    if (PyUnicode_CheckExact(v)) {
+        if (has_surrogate(v)) /* its UTF-8 error would allocate an exception, so may collect */
+            return RS_NOT_PLAIN;
+        Py_ssize_t size;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size); /* kept in the str */
+        if (utf8 == NULL)
+            return -1; /* out of memory */
+        if (size > INT32_MAX)
+            return RS_NOT_PLAIN;
+        return put_sized(s, 'u', utf8, size);
     }
     if (PyDict_CheckExact(v)) {
         Py_ssize_t pos = 0;
@@ -459,9 +634,7 @@ encode_plain(rs_bytes *s, PyObject *v, int depth)
     if (PyBytes_CheckExact(v)) {
         if (PyBytes_GET_SIZE(v) > INT32_MAX)
             return RS_NOT_PLAIN;
-        if (put_type_int32(s, 's', (int32_t)PyBytes_GET_SIZE(v)) < 0)
-            return -1;
-        return put(s, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+        return put_sized(s, 's', PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
     }
     if (Py_TYPE(v) == array_type) { /* its buffer is C's: no __buffer__ method runs */
         Py_buffer view;
@@ -469,10 +642,7 @@ encode_plain(rs_bytes *s, PyObject *v, int depth)
             PyErr_Clear();
             return RS_NOT_PLAIN;
         }
-        int r = view.len > INT32_MAX ? RS_NOT_PLAIN
-                                     : put_type_int32(s, 's', (int32_t)view.len);
-        if (r == 0)
-            r = put(s, view.buf, view.len);
+        int r = view.len > INT32_MAX ? RS_NOT_PLAIN : put_sized(s, 's', view.buf, view.len);
         PyBuffer_Release(&view);
         return r;
     }
@@ -485,44 +655,44 @@ static int
 direct_mutation(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items)
 {
     Py_ssize_t start = out->len;
-    int r = put_type_int32(out, '(', 7);
-    if (r == 0)
-        r = encode_ll(out, seq);
-    if (r == 0)
-        r = encode_ll(out, cur_op);
-    for (int i = 0; r == 0 && i < 5; i++)
-        r = encode_plain(out, items[i], 3);
+    if (reserve(out, 5 + 2 * LONG64_ROOM) < 0)
+        return -1;
+    unsigned char *p = w_type_int32(end_of(out), '(', 7);
+    p = w_ll(p, seq);
+    out->len = (char *)w_ll(p, cur_op) - out->buf;
+    int r = put_plain_items(out, items, 5, 3);
     if (r != 0)
         out->len = start;
     return r;
 }
 
 /* rs_direct_api.state: ``(seq, cur_op, kind, node, comp, None, (lens, refs))`` as
-   ``direct_mutation`` writes it with the value's tuples made. */
+   ``direct_mutation`` writes it with the value's tuples made; the numbers after one reserve. */
 static int
 direct_state(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items,
              const rs_state *st)
 {
     Py_ssize_t start = out->len;
-    int r = put_type_int32(out, '(', 7);
-    if (r == 0)
-        r = encode_ll(out, seq);
-    if (r == 0)
-        r = encode_ll(out, cur_op);
-    for (int i = 0; r == 0 && i < 3; i++)
-        r = encode_plain(out, items[i], 3);
-    if (r == 0)
-        r = put1(out, 'N');
-    if (r == 0)
-        r = put_type_int32(out, '(', 2);
-    if (r == 0)
-        r = put_type_int32(out, '(', (int32_t)st->ntiers);
-    for (Py_ssize_t t = 0; r == 0 && t < st->ntiers; t++)
-        r = (st->none >> t) & 1 ? put1(out, 'N') : encode_ll(out, st->lens[t]);
-    if (r == 0)
-        r = put_type_int32(out, '(', (int32_t)st->nrefs);
-    for (Py_ssize_t t = 0; r == 0 && t < st->nrefs; t++)
-        r = encode_ll(out, st->refs[t]);
+    if (reserve(out, 5 + 2 * LONG64_ROOM) < 0)
+        return -1;
+    unsigned char *p = w_type_int32(end_of(out), '(', 7);
+    p = w_ll(p, seq);
+    out->len = (char *)w_ll(p, cur_op) - out->buf;
+    int r = put_plain_items(out, items, 3, 3);
+    if (r == 0 && st->ntiers + st->nrefs > INT32_MAX / LONG64_ROOM)
+        r = RS_NOT_PLAIN; /* (never: the ledger gives a few) */
+    if (r == 0 && (r = reserve(out, 1 + 3 * 5 + (st->ntiers + st->nrefs) * LONG64_ROOM)) == 0) {
+        p = end_of(out);
+        *p++ = 'N'; /* no tier */
+        p = w_type_int32(p, '(', 2);
+        p = w_type_int32(p, '(', (int32_t)st->ntiers);
+        for (Py_ssize_t t = 0; t < st->ntiers; t++)
+            p = (st->none >> t) & 1 ? (*p = 'N', p + 1) : w_ll(p, st->lens[t]);
+        p = w_type_int32(p, '(', (int32_t)st->nrefs);
+        for (Py_ssize_t t = 0; t < st->nrefs; t++)
+            p = w_ll(p, st->refs[t]);
+        out->len = (char *)p - out->buf;
+    }
     if (r != 0)
         out->len = start;
     return r;
@@ -576,6 +746,40 @@ encode_deep(rs_bytes *s, PyObject *op, PyObject *parent, PyObject *muts)
     return r;
 }
 
+/* None, a bool, an exact int or an exact str: a value that cannot change, and that ``encode``
+   writes the same way every time. */
+static inline int
+immutable(PyObject *v)
+{
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyUnicode_CheckExact(v);
+}
+
+/* ``parent`` (``parent_ids``'s 4-tuple) written to ``b``. ``parent_ids`` hands back the same
+   tuple while the context is the same, so its encoding is kept, with a reference to the tuple
+   (held, it cannot be freed and its address given to another), and copied while ``parent`` is
+   that object: only for a tuple of values that cannot change (``immutable``). A new one is
+   encoded into ``parent_enc`` first, not into ``b``: Python code may run meanwhile (marshal's
+   writer on a trace id past 64 bits), and a ``take`` then moves the record being written
+   (``busy`` keeps every other writer out of ``parent_enc``). ``encode``'s return. */
+static int
+put_parent(Sink *s, rs_bytes *b, PyObject *parent)
+{
+    rs_bytes *enc = &s->parent_enc;
+    if (parent != s->parent_encoded) {
+        Py_CLEAR(s->parent_encoded);
+        enc->len = 0;
+        int r = encode(enc, parent, 1);
+        if (r < 0)
+            return r;
+        int keep = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(parent); i++)
+            keep = keep && immutable(PyTuple_GET_ITEM(parent, i));
+        if (keep)
+            s->parent_encoded = Py_NewRef(parent);
+    }
+    return put(b, enc->buf, enc->len);
+}
+
 /* Append one record; on failure the buffer is as it was and an error is set. */
 static int
 append(Sink *s, PyObject *op, PyObject *muts)
@@ -588,7 +792,7 @@ append(Sink *s, PyObject *op, PyObject *muts)
     rs_bytes *b = &s->out;
     int r = put_type_int32(b, '(', OP_FIELDS + 1);
     for (Py_ssize_t i = 0; r == 0 && i < OP_FIELDS; i++)
-        r = encode(b, i == CTX ? parent : PyTuple_GET_ITEM(op, i), 1);
+        r = i == CTX ? put_parent(s, b, parent) : encode(b, PyTuple_GET_ITEM(op, i), 1);
     if (r == 0)
         r = encode(b, muts, 1);
     if (r == -2) { /* nested deeper than MAX_DEPTH: marshal's own writer, on the whole record */
@@ -683,27 +887,24 @@ direct_record(PyObject *self, const rs_op_head *h, const char *muts, Py_ssize_t 
     rs_bytes *b = &s->out;
     int r = put_type_int32(b, '(', OP_FIELDS + 1);
     if (r == 0)
-        r = encode_ll(b, h->op_id);
+        r = put_ll(b, h->op_id);
     if (r == 0)
         r = encode(b, h->op, 1);
     if (r == 0)
-        r = encode_ll(b, h->start_ns);
-    if (r == 0)
-        r = encode_ll(b, h->end_ns);
+        r = put_ll2(b, h->start_ns, h->end_ns);
     if (r == 0)
         r = encode(b, h->req_id, 1);
     if (r == 0)
-        r = encode(b, parent, 1);
+        r = put_parent(s, b, parent);
     if (r == 0)
-        r = encode_ll(b, h->seq_first);
-    if (r == 0)
-        r = encode_ll(b, h->seq_last);
-    if (r == 0)
-        r = encode(b, h->attrs, 1);
-    if (r == 0)
-        r = put1(b, 'N'); /* error */
-    if (r == 0)
-        r = put(b, muts, len);
+        r = put_ll2(b, h->seq_first, h->seq_last);
+    if (r == 0) /* (a tuple, but for an odd builder's) */
+        r = PyTuple_CheckExact(h->attrs) ? encode_tuple(b, h->attrs, 1) : encode(b, h->attrs, 1);
+    if (r == 0 && (r = reserve(b, 1 + len)) == 0) {
+        b->buf[b->len] = 'N'; /* error */
+        memcpy(b->buf + b->len + 1, muts, (size_t)len);
+        b->len += 1 + len;
+    }
     Py_DECREF(parent);
     s->busy = 0;
     if (r < 0) {
@@ -763,7 +964,7 @@ forget_records(Sink *s)
 }
 
 static PyObject *
-sink_take(PyObject *self, PyObject *unused)
+sink_take(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     PyObject *out = contents(s);
@@ -783,7 +984,7 @@ sink_take(PyObject *self, PyObject *unused)
 #define SWAP_MIN (64 * 1024)
 
 static PyObject *
-sink_take_batch(PyObject *self, PyObject *unused)
+sink_take_batch(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     Py_ssize_t n = s->n, done = s->done, tail = s->out.len - s->done;
@@ -842,17 +1043,18 @@ sink_take_batch(PyObject *self, PyObject *unused)
 }
 
 static PyObject *
-sink_peek(PyObject *self, PyObject *unused)
+sink_peek(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     return contents((Sink *)self);
 }
 
 static PyObject *
-sink_forget_context(PyObject *self, PyObject *unused)
+sink_forget_context(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Sink *s = (Sink *)self;
     Py_CLEAR(s->last_ctx);
     Py_CLEAR(s->last_parent);
+    Py_CLEAR(s->parent_encoded); /* (its buffer stays: a record being written may use it) */
     Py_RETURN_NONE;
 }
 
@@ -894,7 +1096,7 @@ sink_init(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *
-sink_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+sink_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
 {
     Sink *s = (Sink *)type->tp_alloc(type, 0);
     if (s != NULL)
@@ -911,6 +1113,7 @@ sink_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(s->parent_of);
     Py_VISIT(s->last_ctx);
     Py_VISIT(s->last_parent);
+    Py_VISIT(s->parent_encoded);
     return 0;
 }
 
@@ -923,6 +1126,7 @@ sink_clear(PyObject *self)
     Py_CLEAR(s->parent_of);
     Py_CLEAR(s->last_ctx);
     Py_CLEAR(s->last_parent);
+    Py_CLEAR(s->parent_encoded);
     return 0;
 }
 
@@ -934,17 +1138,18 @@ sink_dealloc(PyObject *self)
     sink_clear(self);
     PyMem_Free(s->out.buf);
     PyMem_Free(s->spare);
+    PyMem_Free(s->parent_enc.buf);
     Py_TYPE(self)->tp_free(self);
 }
 
 static PyObject *
-sink_get_limit(PyObject *self, void *closure)
+sink_get_limit(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->limit);
 }
 
 static int
-sink_set_limit(PyObject *self, PyObject *value, void *closure)
+sink_set_limit(PyObject *self, PyObject *value, void *Py_UNUSED(closure))
 {
     if (value == NULL || !PyLong_Check(value)) {
         PyErr_SetString(PyExc_TypeError, "limit must be an int");
@@ -963,19 +1168,19 @@ sink_set_limit(PyObject *self, PyObject *value, void *closure)
 }
 
 static PyObject *
-sink_get_n(PyObject *self, void *closure)
+sink_get_n(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->n);
 }
 
 static PyObject *
-sink_get_nbytes(PyObject *self, void *closure)
+sink_get_nbytes(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(((Sink *)self)->out.len);
 }
 
 static PyObject *
-sink_get_seq(PyObject *self, void *closure)
+sink_get_seq(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(((Sink *)self)->recorded_seq);
 }
@@ -1009,7 +1214,8 @@ static PyTypeObject SinkType = {
 
 static struct PyModuleDef sink_module = {
     PyModuleDef_HEAD_INIT, "_sink",
-    "The recorder's per-op encoder (see telemetry/record/sink.py).", -1, NULL,
+    "The recorder's per-op encoder (see telemetry/record/sink.py).", -1, NULL, NULL, NULL, NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC

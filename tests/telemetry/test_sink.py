@@ -139,6 +139,89 @@ def test_what_marshal_cannot_take_goes_back_and_leaves_the_buffer_as_it_was(odd)
     assert s.recorded_seq == 2
 
 
+LEAVES = ["", "r12", "é", "日本語", "\U0001f600 emoji", "lone \ud800", "a" * 300, 0, -1,
+          2**30 - 1, 2**30, -2**30, -2**30 - 1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**62,
+          2**63 - 1, -2**63, 2**63, -2**63 - 1, 2**64, 2**200, -2**200, True, False, None]
+
+
+@pytest.mark.parametrize("leaf", LEAVES, ids=[repr(v)[:20] for v in LEAVES])
+def test_every_kind_of_str_and_int_is_written_as_marshal_writes_it_wherever_it_is(leaf) -> None:
+    """A compact ASCII str is copied from the str, any other through its UTF-8 (one with a lone
+    surrogate through marshal's writer); an int of one digit is read from the object, one of
+    64 bits counted in 15-bit digits, a bigger one goes through marshal's writer: in every field,
+    in a tuple, a list and a dict, as a key too, and in a mutation, the bytes marshal writes."""
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    nest = (leaf, [leaf, (leaf,)], {leaf: leaf, "k": leaf})
+    op = (leaf, leaf, leaf, leaf, leaf, None, leaf, leaf, nest, leaf)
+    muts = [(1, 2, leaf, leaf, leaf, None, nest)]
+    s(op, muts)
+    assert calls.fallback == [] and s.take()[1] == marshal.dumps(compact(op, muts), 2)
+
+
+def _nested(depth: int, leaf):
+    for _ in range(depth):
+        leaf = (leaf,) if depth % 2 else [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize("depth", [61, 62, 63, 64, 65, 66, 90])
+@pytest.mark.parametrize("leaf", [None, True, 7, 2**40, 2**70, "s", "é", {"k": 1}])
+def test_values_nested_about_the_sinks_depth_limit_are_written_as_marshal_writes_them(
+        depth: int, leaf) -> None:
+    """Past the sink's depth limit the record goes to marshal's writer whole: on either side of
+    it, the same bytes."""
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    value = _nested(depth, leaf)
+    op = op_tuple(1, attrs=(1, value))
+    muts = [(1, 1, "k", 3, None, None, value)]
+    s(op, muts)
+    assert calls.fallback == [] and s.take()[1] == marshal.dumps(compact(op, muts), 2)
+
+
+def test_the_parents_encoding_is_kept_only_for_the_tuple_it_was_made_from() -> None:
+    """The sink keeps the bytes of the parent ids it wrote last, holding that tuple: a context
+    that gives an equal tuple, another tuple (a trace id past 64 bits, strs), the same tuple
+    with a list in it changed since, or (after ``forget_context``) a new tuple made where the
+    freed one was, is written as marshal writes it at that record."""
+    needs_native()
+    shared = [2]
+    parents = {"a": (1, 2, 1, False), "big": (2**100 + 7, 2**63 + 1, 1, True),
+               "equal": tuple([1, 2, 1, False]), "strs": ("trace-é", "span", 0, None),
+               "list": (1, shared, 0, False)}
+    made = []
+
+    def parent_of(ctx):
+        if ctx == "fresh":  # a new tuple each lookup, the last one freed before
+            made.append(len(made))
+            return tuple([len(made), 10 * len(made), 0, False])
+        return parents[ctx]
+
+    s = sink_mod.Sink(print, print, parent_of)
+    s.limit = 1 << 40
+    want = []
+
+    def record(ctx) -> None:
+        op = op_tuple(len(want), ctx=ctx)
+        muts = [(1, 1, "k", 3, None, None, len(want))]
+        s(op, muts)
+        parent = (len(made), 10 * len(made), 0, False) if ctx == "fresh" else parents[ctx]
+        want.append(marshal.dumps((*op[:5], parent, *op[6:], muts), 2))
+
+    for ctx in ("a", "a", "big", "big", "equal", "a", "strs", "strs", "list"):
+        record(ctx)
+    shared.append(3)  # the same tuple, its list changed
+    record("list")
+    for _ in range(4):
+        record("fresh")
+        s.forget_context()
+    record("a")
+    assert s.n == len(want) and s.take()[1] == b"".join(want)
+
+
 def test_what_is_not_an_op_record_goes_back() -> None:
     needs_native()
     calls = Calls()

@@ -704,3 +704,41 @@ def test_a_size_callable_that_changes_things_leaves_state_as_the_python_ledger(d
         return led.take()
 
     run_both(scenario)
+
+def test_direct_records_are_the_bytes_marshal_writes_for_what_they_hold() -> None:
+    """Strs (ASCII, not, a lone surrogate), ints (one digit, 64 bits, past them), bools and
+    nested values in a record's fields, attributes and mutations, and parents from the sink's
+    kept encoding and new ones: the sink's bytes are marshal's for the values they decode to
+    (marshal reads and writes those values back to the same bytes), and the values are the
+    ones given; a value that is not plain (the surrogate, the big int) sends only its op to the
+    list path."""
+    var = contextvars.ContextVar("ctx", default="a")
+    parents = {"a": (1, 2, 1, False), "big": (2**100 + 7, 2**63 + 1, 1, True),
+               "strs": ("trace-é", "span", 0, None)}
+    seen, owner = Seen(parent_of=lambda ctx: parents[ctx]), Owner()
+    led = owner.led = C.Ledger(owner, seen.sink, var, attrs_of(lambda cache, out, args: out),
+                               True)
+    assert led.direct is True
+    leaves = ["op-é", "日本", "lone \ud800", "", 2**30, -2**30 - 1, 2**31, -2**63, 2**63 - 1,
+              2**64, True, False, None, (1, None, (2, "é")), {"full": 3, "swa": -2**40}]
+    contexts = ["a", "a", "big", "big", "strs", "a"] * 3
+    given = []
+    for i, leaf in enumerate(leaves):
+        value, out = (i, leaf, array("Q", range(i))), (leaf, i, "x", None)
+
+        def body(i=i, leaf=leaf, value=value, out=out):
+            led.m("kind-é", 2**40 + i, "full", leaf if isinstance(leaf, str) else None, value)
+            return out
+
+        token = var.set(contexts[i])
+        try:
+            assert led.run("op", f"r-é{i}", body) == out
+        finally:
+            var.reset(token)
+        given.append((parents[contexts[i]], out, value))
+    n, data = seen.sink.peek()
+    records = part_records(Chunk(n, data))
+    assert data == b"".join(marshal.dumps(r, 2) for r in records)
+    assert [(r[5], r[8], r[10][0][6]) for r in records] == [
+        (parent, out, _plain(value)) for parent, out, value in given]
+    assert seen.back == []
