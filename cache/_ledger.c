@@ -395,7 +395,8 @@ build_attrs(Ledger *L, PyObject *cache, PyObject *op, PyObject *out, PyObject *c
             Py_ssize_t n)
 {
     PyObject *attrs = NULL, *argt = NULL, *table = Py_NewRef(L->attrs);
-    PyObject *builder = PyObject_GetItem(table, op); /* self._attrs[op]: __missing__, KeyError(op) */
+    /* self._attrs[op]: a subclass's __missing__, KeyError(op) */
+    PyObject *builder = PyObject_GetItem(table, op);
     Py_DECREF(table);
     if (builder != NULL && (argt = PyTuple_New(n)) != NULL) {
         for (Py_ssize_t i = 0; i < n; i++)
@@ -960,7 +961,7 @@ ledger_pool(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
-ledger_take(PyObject *self, PyObject *unused)
+ledger_take(PyObject *self, PyObject *Py_UNUSED(unused))
 {
     Ledger *L = (Ledger *)self;
     L->listed = 0;
@@ -1010,7 +1011,7 @@ static PyMemberDef ledger_members[] = {
 /* The list itself, as on the list path: the op goes on in list mode (what is appended to it
    is the op's, until its record is handed over). */
 static PyObject *
-ledger_get_muts(PyObject *self, void *closure)
+ledger_get_muts(PyObject *self, void *Py_UNUSED(closure))
 {
     Ledger *L = (Ledger *)self;
     if (to_list(L) < 0)
@@ -1019,7 +1020,7 @@ ledger_get_muts(PyObject *self, void *closure)
 }
 
 static int
-ledger_set_muts(PyObject *self, PyObject *value, void *closure)
+ledger_set_muts(PyObject *self, PyObject *value, void *Py_UNUSED(closure))
 {
     Ledger *L = (Ledger *)self;
     if (value == NULL || !PyList_CheckExact(value)) {
@@ -1034,14 +1035,14 @@ ledger_set_muts(PyObject *self, PyObject *value, void *closure)
 }
 
 static PyObject *
-ledger_get_direct(PyObject *self, void *closure)
+ledger_get_direct(PyObject *self, void *Py_UNUSED(closure))
 {
     Ledger *L = (Ledger *)self;
     return PyBool_FromLong(L->direct && L->api != NULL);
 }
 
 static int
-ledger_set_direct(PyObject *self, PyObject *value, void *closure)
+ledger_set_direct(PyObject *self, PyObject *value, void *Py_UNUSED(closure))
 {
     Ledger *L = (Ledger *)self;
     int on = value == NULL ? -1 : PyObject_IsTrue(value);
@@ -1129,7 +1130,7 @@ ledger_init(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *
-ledger_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+ledger_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
 {
     Ledger *L = (Ledger *)type->tp_alloc(type, 0);
     if (L == NULL)
