@@ -125,7 +125,7 @@ PyDoc_STRVAR(check_split_doc,
 "Reads only.");
 
 static PyObject *
-check_split(PyObject *self, PyObject *args)
+check_split(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "indices"}, {BYTES, 0, "used"}, {BYTES, 0, "tree"},
                                  {BYTES, 1, "seen"}};
@@ -189,7 +189,7 @@ PyDoc_STRVAR(common_len_doc,
 "gives 0; a negative one raises ValueError.");
 
 static PyObject *
-common_len(PyObject *self, PyObject *args)
+common_len(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "a"}, {INT64, 0, "b"}};
     PyObject *o[2];
@@ -249,7 +249,7 @@ PyDoc_STRVAR(alloc_pages_doc,
 "ValueError unless ``0 <= len(out) <= top <= len(stack)``.");
 
 static PyObject *
-alloc_pages(PyObject *self, PyObject *args)
+alloc_pages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{STACK, 0, "stack"}, {INT64, 1, "out"}, {BYTES, 1, "used"}};
     PyObject *o[3];
@@ -297,7 +297,7 @@ PyDoc_STRVAR(free_pages_doc,
 "all.");
 
 static PyObject *
-free_pages(PyObject *self, PyObject *args)
+free_pages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "pages"}, {BYTES, 1, "used"}, {BYTES, 1, "tree"},
                                  {STACK, 1, "stack"}};
@@ -361,7 +361,7 @@ PyDoc_STRVAR(untrack_doc,
 "reachable; a cycle through it would never be collected.");
 
 static PyObject *
-untrack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+untrack(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     for (Py_ssize_t i = 0; i < nargs; i++)
         if (PyObject_IS_GC(args[i]))
@@ -377,7 +377,7 @@ PyDoc_STRVAR(fill_slots_doc,
 "the value count are checked before any slot is set.");
 
 static PyObject *
-fill_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+fill_slots(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 2 || !PyTuple_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "fill_slots takes (obj, slots: tuple, *values)");
