@@ -44,9 +44,9 @@ class _Acc:
     def result(self, ci: int, requested: int) -> EvictResult:
         self.core.free_deferred(self.defer)
         names = [c.name for c in self.core.comps]
-        return EvictResult(requested, tuple(zip(names, self.freed, strict=False)), tuple(self.evicted),
-                           tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned),
-                           names[ci])
+        return EvictResult(requested, tuple(zip(names, self.freed, strict=False)),
+                           tuple(self.evicted), tuple(self.demoted), tuple(self.deleted),
+                           tuple(self.tombstoned), names[ci])
 
 
 def _post_order(node: Node) -> list[Node]:
