@@ -21,6 +21,8 @@ for the ops a variant names (the rest run plainly). Variants:
 - ``norec``: as ``on``, the recorder a C callable that keeps nothing (``slice``, a few hundred
   instructions a call): the recorder's encode costs about ``on`` less this;
 - ``norec-noattrs``: the attribute builders ``slice`` too;
+- ``pyattrs`` / ``norec-pyattrs``: as ``on`` / ``norec``, with the Python attribute builders
+  (``op_attrs.PY_ATTRS``), not the hot ops' specs run natively (``native.Fields``);
 - ``nomuts``: as ``on``, the cache's state-change sites skipped (op records only, encoded);
 - ``records``: no recorder, no attributes, no mutations: the ledger's own record.
 
@@ -56,6 +58,9 @@ VARIANTS = {  # name -> (ops recorded, flags, what it is)
     "norec": (("match", "insert", "evict"), ("norec",), "on, no recorder"),
     "norec-noattrs": (("match", "insert", "evict"), ("norec", "noattrs"),
                       "on, no recorder, no attributes"),
+    "pyattrs": (("match", "insert", "evict"), ("pyattrs",), "on, Python attribute builders"),
+    "norec-pyattrs": (("match", "insert", "evict"), ("norec", "pyattrs"),
+                      "norec, Python attribute builders"),
     "nomuts": (("match", "insert", "evict"), ("nomuts",), "on, no mutations"),
     "records": (("match", "insert", "evict"), ("norec", "noattrs", "nomuts"),
                 "on, the ledger's records only"),
@@ -70,7 +75,7 @@ def child(variant: str, requests: int) -> None:
     from bench_scale import Chat, make_cache, one_request
 
     from radixscope.cache import ledger, recording
-    from radixscope.cache.op_attrs import OP_ATTRS
+    from radixscope.cache.op_attrs import OP_ATTRS, PY_ATTRS
     from radixscope.telemetry.record.drops import Health
     from radixscope.telemetry.record.recorder import TelemetryRecorder
 
@@ -102,7 +107,8 @@ def child(variant: str, requests: int) -> None:
         one_request(c, chat.next(), None, f"w{i}")
         i += 1
     drop()
-    attrs = dict.fromkeys(OP_ATTRS, slice) if "noattrs" in flags else OP_ATTRS
+    attrs = (dict.fromkeys(OP_ATTRS, slice) if "noattrs" in flags
+             else PY_ATTRS if "pyattrs" in flags else OP_ATTRS)
     led = ledger.Ledger(c, slice if "norec" in flags else rec.record, ctx, attrs, True)
     if "nodirect" in flags:
         led.direct = False

@@ -4,13 +4,16 @@ The loops that cost a request most when written as numpy / array calls, each one
 temporaries: insert's slot guard (``check_split``), the key compare of a descent step
 (``common_len``), and the allocator's pop and push (``alloc_pages``, ``free_pages``); and
 ``untrack``, which takes a tree node's acyclic containers off the garbage collector's lists;
-``fill_slots``, which sets a result's slots in one call (the results' ``__init__``).
+``fill_slots``, which sets a result's slots in one call (the results' ``__init__``); and
+``Fields``, a recorded op's attribute builder made from a declarative spec (cache/op_attrs.py),
+which reads the result's slots by offset and builds the tuple with no Python frame.
 ``cache/native.py`` loads this module and holds the pure-Python versions they must agree with
 (tests/cache/test_native.py checks that on random and edge inputs); the cache runs on those when the
 module is not built. Every buffer kernel takes buffers (numpy arrays, ``array('Q')``), checks their
 item type, length and that no buffer it writes shares memory with another argument, works under the
 GIL and never calls back into Python; ``fill_slots`` checks every descriptor before it writes, and a
-value it replaces is released (whose finalizer may run) only as it is replaced. ``ABI`` changes
+value it replaces is released (whose finalizer may run) only as it is replaced; ``Fields``
+reads what the Python expressions it stands for would, their errors included. ``ABI`` changes
 whenever a signature or a result does: ``native.py`` refuses a build whose number is not its own (a
 stale ``.so``). */
 
@@ -20,7 +23,7 @@ stale ``.so``). */
 #include <string.h>
 #include <structmember.h> /* T_OBJECT_EX, READONLY (Py_T_OBJECT_EX from 3.12) */
 
-#define NATIVE_ABI 4
+#define NATIVE_ABI 5
 
 /* The kinds of buffer the kernels take: 8-byte integers (page and slot ids, token ids), 4- or
    8-byte integers (the free stack), bytes (the bitmaps). */
@@ -125,7 +128,7 @@ PyDoc_STRVAR(check_split_doc,
 "Reads only.");
 
 static PyObject *
-check_split(PyObject *self, PyObject *args)
+check_split(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "indices"}, {BYTES, 0, "used"}, {BYTES, 0, "tree"},
                                  {BYTES, 1, "seen"}};
@@ -189,7 +192,7 @@ PyDoc_STRVAR(common_len_doc,
 "gives 0; a negative one raises ValueError.");
 
 static PyObject *
-common_len(PyObject *self, PyObject *args)
+common_len(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "a"}, {INT64, 0, "b"}};
     PyObject *o[2];
@@ -249,7 +252,7 @@ PyDoc_STRVAR(alloc_pages_doc,
 "ValueError unless ``0 <= len(out) <= top <= len(stack)``.");
 
 static PyObject *
-alloc_pages(PyObject *self, PyObject *args)
+alloc_pages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{STACK, 0, "stack"}, {INT64, 1, "out"}, {BYTES, 1, "used"}};
     PyObject *o[3];
@@ -297,7 +300,7 @@ PyDoc_STRVAR(free_pages_doc,
 "all.");
 
 static PyObject *
-free_pages(PyObject *self, PyObject *args)
+free_pages(PyObject *Py_UNUSED(self), PyObject *args)
 {
     static const Spec specs[] = {{INT64, 0, "pages"}, {BYTES, 1, "used"}, {BYTES, 1, "tree"},
                                  {STACK, 1, "stack"}};
@@ -361,7 +364,7 @@ PyDoc_STRVAR(untrack_doc,
 "reachable; a cycle through it would never be collected.");
 
 static PyObject *
-untrack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+untrack(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     for (Py_ssize_t i = 0; i < nargs; i++)
         if (PyObject_IS_GC(args[i]))
@@ -377,7 +380,7 @@ PyDoc_STRVAR(fill_slots_doc,
 "the value count are checked before any slot is set.");
 
 static PyObject *
-fill_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+fill_slots(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 2 || !PyTuple_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "fill_slots takes (obj, slots: tuple, *values)");
@@ -412,6 +415,419 @@ fill_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ---- Fields: a recorded op's attributes, read off its result ------------------------------ */
+
+/* Where a type keeps an attribute as a plain object slot: valid while the type is ``type`` with
+   version tag ``version`` (CPython gives a type a new tag whenever it or a base changes and never
+   reuses one, so the borrowed pointer is only ever compared). The same guard as the ledger's
+   ``slot_hint`` (cache/_ledger.c), which this file cannot share without a header of its own. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    Py_ssize_t offset;
+} slot_hint;
+
+/* A type's version tag is valid: never 0 (a type changed, or out of tags, has 0); before 3.13
+   also flagged (3.13 keeps the tag alone). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define TAG_VALID(tp) ((tp)->tp_version_tag != 0)
+#else
+#define TAG_VALID(tp) \
+    (PyType_HasFeature((tp), Py_TPFLAGS_VALID_VERSION_TAG) && (tp)->tp_version_tag != 0)
+#endif
+
+/* ``h`` learns where ``tp`` keeps ``name``: a plain object slot (a member descriptor of a
+   ``__slots__`` class, found on the type's MRO, read by the generic getattr) or nothing (a
+   property, a class attribute, a ``__getattribute__`` or ``__getattr__`` of its own). */
+static void
+slot_learn(PyTypeObject *tp, PyObject *name, slot_hint *h)
+{
+    h->type = NULL;
+    if (tp->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; no error set */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type
+        || !PyType_IsSubtype(tp, PyDescr_TYPE(d))
+        || !TAG_VALID(tp))
+        return;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX)
+        return;
+    h->type = tp;
+    h->version = tp->tp_version_tag;
+    h->offset = m->offset;
+}
+
+/* ``PyObject_GetAttr(obj, name)`` (a new reference), one load where ``h`` knows ``obj``'s type
+   keeps ``name`` in a slot (a member descriptor is a data descriptor: nothing on the instance
+   shadows it). An unset slot, another type, a changed type: the generic getattr, which raises
+   what it raises (an unset slot: AttributeError), then learns the type again. The type is held
+   meanwhile: a property's getter may set ``obj.__class__`` and drop its last reference. */
+static PyObject *
+slot_get(PyObject *obj, PyObject *name, slot_hint *h)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp == h->type && tp->tp_version_tag == h->version && TAG_VALID(tp)) {
+        PyObject *v = *(PyObject **)((char *)obj + h->offset);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    Py_INCREF(tp);
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v != NULL)
+        slot_learn(tp, name, h);
+    Py_DECREF(tp);
+    return v;
+}
+
+/* What an item of a spec reads (``cache/native.py`` names them: ``OUT``, ``ARG``, ``GET``) and
+   what it makes of the value (``OR_NONE``, ``LEN``, ``DICT``; ``AS_IS``: the value itself). */
+enum src { SRC_OUT, SRC_ARG, SRC_GET };
+enum how { AS_IS, OR_NONE, LEN, DICT };
+
+typedef struct {
+    enum src src;
+    enum how how;
+    PyObject *key;    /* OUT: the attribute's name (interned); ARG: the index (an int) */
+    Py_ssize_t index; /* ARG: the index; GET: the item holding the mapping */
+    Py_ssize_t kitem; /* GET: the item holding the key */
+    PyObject *dflt;   /* GET: the value where the key is missing */
+    slot_hint hint;   /* OUT: where the result's type keeps the attribute */
+} Item;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Py_ssize_t n;
+    Item *items;
+    int gets;           /* some items are GET items */
+    PyObject *spec;     /* the spec as given (``spec``; NULL once cleared) */
+    PyObject *type;     /* the result's exact type, or NULL: any */
+    PyObject *fallback; /* called for a result of another type, or NULL: TypeError */
+} Fields;
+
+/* ``dict(pairs)``: a tuple of 2-tuples (a result's per-component counts) directly, anything
+   else through ``dict`` itself (its errors, its mapping case). */
+static PyObject *
+as_dict(PyObject *x)
+{
+    if (PyTuple_CheckExact(x)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(x), i;
+        for (i = 0; i < n; i++) {
+            PyObject *p = PyTuple_GET_ITEM(x, i);
+            if (!PyTuple_CheckExact(p) || PyTuple_GET_SIZE(p) != 2)
+                break;
+        }
+        if (i == n) {
+            PyObject *d = PyDict_New();
+            for (i = 0; d != NULL && i < n; i++) {
+                PyObject *p = PyTuple_GET_ITEM(x, i); /* ``x`` holds it: a key's __hash__ or
+                                                         __eq__ cannot free it */
+                if (PyDict_SetItem(d, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1)) < 0)
+                    Py_CLEAR(d);
+            }
+            return d;
+        }
+    }
+    return PyObject_CallOneArg((PyObject *)&PyDict_Type, x);
+}
+
+/* One OUT or ARG item's value (a new reference), or NULL. */
+static PyObject *
+item_value(Item *it, PyObject *out, PyObject *args)
+{
+    PyObject *v;
+    if (it->src == SRC_OUT)
+        v = slot_get(out, it->key, &it->hint);
+    else if (PyTuple_CheckExact(args) && it->index < PyTuple_GET_SIZE(args))
+        v = Py_NewRef(PyTuple_GET_ITEM(args, it->index));
+    else
+        v = PyObject_GetItem(args, it->key); /* ``args[i]``, its errors */
+    if (v == NULL || it->how == AS_IS)
+        return v;
+    PyObject *r = NULL;
+    if (it->how == OR_NONE) {
+        int t = PyObject_IsTrue(v);
+        r = t < 0 ? NULL : Py_NewRef(t ? v : Py_None);
+    } else if (it->how == LEN) {
+        Py_ssize_t k = PyObject_Length(v);
+        r = k < 0 ? NULL : PyLong_FromSsize_t(k);
+    } else {
+        r = as_dict(v);
+    }
+    Py_DECREF(v);
+    return r;
+}
+
+/* ``vals[kitem]`` looked up in ``vals[index]`` (``.get(key, dflt)``), a new reference. */
+static PyObject *
+get_value(const Item *it, PyObject *const *vals)
+{
+    PyObject *map = vals[it->index], *key = vals[it->kitem];
+    if (!PyDict_CheckExact(map))
+        return PyObject_CallMethod(map, "get", "OO", key, it->dflt);
+    PyObject *v = PyDict_GetItemWithError(map, key); /* borrowed; taken before anything runs */
+    if (v == NULL && PyErr_Occurred())
+        return NULL;
+    return Py_NewRef(v != NULL ? v : it->dflt);
+}
+
+static PyObject *
+fields_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Fields *F = (Fields *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "Fields takes (cache, out, args), got %zd positional "
+                     "and %zd keyword arguments", nargs,
+                     kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : (Py_ssize_t)0);
+        return NULL;
+    }
+    if (F->spec == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Fields: called after the collector cleared it");
+        return NULL;
+    }
+    PyObject *out = args[1];
+    if (F->type != NULL && (PyObject *)Py_TYPE(out) != F->type) {
+        if (F->fallback != NULL)
+            return PyObject_Vectorcall(F->fallback, args, 3, NULL);
+        PyErr_Format(PyExc_TypeError, "Fields: expected a result of type %s, got %s",
+                     ((PyTypeObject *)F->type)->tp_name, Py_TYPE(out)->tp_name);
+        return NULL;
+    }
+    /* Filled in place, off the collector's lists meanwhile: a getattr or a __bool__ may run
+       Python code, which could otherwise find the half-filled tuple (``gc.get_objects()``); a
+       NULL item is fine to its dealloc on an error. GET items after the others: they read
+       them. */
+    PyObject *t = PyTuple_New(F->n);
+    if (t == NULL)
+        return NULL;
+    PyObject_GC_UnTrack(t);
+    PyObject **vals = ((PyTupleObject *)t)->ob_item, *argt = args[2];
+    Item *items = F->items;
+    const Py_ssize_t n = F->n;
+    Py_ssize_t i;
+    for (i = 0; i < n; i++)
+        if (items[i].src != SRC_GET && (vals[i] = item_value(&items[i], out, argt)) == NULL)
+            goto fail;
+    for (i = 0; F->gets && i < n; i++)
+        if (items[i].src == SRC_GET && (vals[i] = get_value(&items[i], vals)) == NULL)
+            goto fail;
+    PyObject_GC_Track(t);
+    return t;
+fail:
+    Py_DECREF(t);
+    return NULL;
+}
+
+/* An error about ``spec[i]``, naming it. */
+static int
+bad_item(PyObject *exc, Py_ssize_t i, PyObject *item, const char *why)
+{
+    PyErr_Format(exc, "Fields: spec[%zd] is %R: %s", i, item, why);
+    return -1;
+}
+
+/* ``it`` made from ``spec[i]`` (``Fields``'s doc says what an item may be); -1 with the error
+   naming the item. */
+static int
+parse_item(Item *it, PyObject *spec, Py_ssize_t i)
+{
+    static const char *const srcs[] = {"out", "arg", "get"};
+    static const char *const hows[] = {"or None", "len", "dict"};
+    PyObject *item = PyTuple_GET_ITEM(spec, i);
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2)
+        return bad_item(PyExc_TypeError, i, item, "an item is a tuple (source, key[, how])");
+    Py_ssize_t size = PyTuple_GET_SIZE(item), s;
+    PyObject *src = PyTuple_GET_ITEM(item, 0), *key = PyTuple_GET_ITEM(item, 1);
+    for (s = 0; s < 3; s++)
+        if (PyUnicode_Check(src) && PyUnicode_CompareWithASCIIString(src, srcs[s]) == 0)
+            break;
+    if (s == 3)
+        return bad_item(PyExc_ValueError, i, item, "its source is not 'out', 'arg' or 'get'");
+    it->src = (enum src)s;
+    if (it->src == SRC_GET) {
+        if (size != 4)
+            return bad_item(PyExc_TypeError, i, item, "a 'get' item is ('get', mapping item, "
+                            "key item, default)");
+        PyObject *k = PyTuple_GET_ITEM(item, 2);
+        it->index = PyLong_Check(key) && !PyBool_Check(key) ? PyLong_AsSsize_t(key) : -1;
+        it->kitem = PyLong_Check(k) && !PyBool_Check(k) ? PyLong_AsSsize_t(k) : -1;
+        if (PyErr_Occurred())
+            PyErr_Clear(); /* an int past Py_ssize_t: out of range below */
+        it->dflt = Py_NewRef(PyTuple_GET_ITEM(item, 3));
+        return 0; /* the items named are checked once all are parsed */
+    }
+    if (size > 3)
+        return bad_item(PyExc_TypeError, i, item, "an item is a tuple (source, key[, how])");
+    PyObject *how = size == 3 ? PyTuple_GET_ITEM(item, 2) : Py_None;
+    if (how != Py_None) {
+        for (s = 0; s < 3; s++)
+            if (PyUnicode_Check(how) && PyUnicode_CompareWithASCIIString(how, hows[s]) == 0)
+                break;
+        if (s == 3)
+            return bad_item(PyExc_ValueError, i, item, "its how is not None, 'or None', 'len' "
+                            "or 'dict'");
+        it->how = (enum how)(s + 1);
+    }
+    if (it->src == SRC_OUT) {
+        if (!PyUnicode_CheckExact(key))
+            return bad_item(PyExc_TypeError, i, item, "an 'out' item names an attribute (a str)");
+        it->key = Py_NewRef(key);
+        PyUnicode_InternInPlace(&it->key);
+        return 0;
+    }
+    it->index = PyLong_Check(key) && !PyBool_Check(key) ? PyLong_AsSsize_t(key) : -1;
+    if (it->index < 0) {
+        PyErr_Clear();
+        return bad_item(PyExc_ValueError, i, item, "an 'arg' item's key is an index >= 0");
+    }
+    it->key = Py_NewRef(key);
+    return 0;
+}
+
+static int fields_clear(PyObject *self);
+
+static PyObject *
+fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"spec", "type", "fallback", NULL};
+    PyObject *spec, *tp = Py_None, *fallback = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OO:Fields", kw, &spec, &tp, &fallback))
+        return NULL;
+    if (!PyTuple_Check(spec)) {
+        PyErr_Format(PyExc_TypeError, "Fields: spec must be a tuple of items, got %R", spec);
+        return NULL;
+    }
+    if (tp != Py_None && !PyType_Check(tp)) {
+        PyErr_Format(PyExc_TypeError, "Fields: type must be a type or None, got %R", tp);
+        return NULL;
+    }
+    if (fallback != Py_None && (tp == Py_None || !PyCallable_Check(fallback))) {
+        PyErr_Format(PyExc_TypeError, "Fields: fallback must be callable and comes with a type "
+                     "(it builds a result of another type), got %R", fallback);
+        return NULL;
+    }
+    Fields *F = PyObject_GC_New(Fields, type);
+    if (F == NULL)
+        return NULL;
+    F->vectorcall = fields_vectorcall;
+    F->n = PyTuple_GET_SIZE(spec);
+    F->gets = 0;
+    F->spec = Py_NewRef(spec);
+    F->type = tp == Py_None ? NULL : Py_NewRef(tp);
+    F->fallback = fallback == Py_None ? NULL : Py_NewRef(fallback);
+    F->items = PyMem_Calloc(F->n ? (size_t)F->n : 1, sizeof(Item)); /* keys and defaults NULL */
+    PyObject_GC_Track(F);
+    if (F->items == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < F->n; i++)
+        if (parse_item(&F->items[i], spec, i) < 0)
+            goto fail;
+    for (Py_ssize_t i = 0; i < F->n; i++) {
+        const Item *it = &F->items[i];
+        F->gets |= it->src == SRC_GET;
+        if (it->src == SRC_GET
+            && (it->index < 0 || it->index >= F->n || F->items[it->index].src == SRC_GET
+                || it->kitem < 0 || it->kitem >= F->n || F->items[it->kitem].src == SRC_GET)) {
+            bad_item(PyExc_ValueError, i, PyTuple_GET_ITEM(spec, i), "a 'get' item names two "
+                     "other items by position, neither a 'get' item");
+            goto fail;
+        }
+    }
+    return (PyObject *)F;
+fail:
+    Py_DECREF(F);
+    return NULL;
+}
+
+static int
+fields_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Fields *F = (Fields *)self;
+    Py_VISIT(F->spec);
+    Py_VISIT(F->type);
+    Py_VISIT(F->fallback);
+    for (Py_ssize_t i = 0; F->items != NULL && i < F->n; i++)
+        Py_VISIT(F->items[i].dflt); /* keys are strs and ints: no cycle runs through one */
+    return 0;
+}
+
+static int
+fields_clear(PyObject *self)
+{
+    Fields *F = (Fields *)self;
+    Py_CLEAR(F->spec); /* a call from now on raises */
+    Py_CLEAR(F->type);
+    Py_CLEAR(F->fallback);
+    for (Py_ssize_t i = 0; F->items != NULL && i < F->n; i++)
+        Py_CLEAR(F->items[i].dflt);
+    return 0;
+}
+
+static void
+fields_dealloc(PyObject *self)
+{
+    Fields *F = (Fields *)self;
+    PyObject_GC_UnTrack(self);
+    fields_clear(self);
+    for (Py_ssize_t i = 0; F->items != NULL && i < F->n; i++)
+        Py_CLEAR(F->items[i].key);
+    PyMem_Free(F->items);
+    PyObject_GC_Del(self);
+}
+
+static PyObject *
+fields_repr(PyObject *self)
+{
+    Fields *F = (Fields *)self;
+    return PyUnicode_FromFormat("Fields(%R, type=%R, fallback=%R)",
+                                F->spec ? F->spec : Py_None, F->type ? F->type : Py_None,
+                                F->fallback ? F->fallback : Py_None);
+}
+
+static PyMemberDef fields_members[] = {
+    {"spec", T_OBJECT, offsetof(Fields, spec), READONLY, "the spec as given"},
+    {"type", T_OBJECT, offsetof(Fields, type), READONLY, "the result type it reads, or None"},
+    {"fallback", T_OBJECT, offsetof(Fields, fallback), READONLY,
+     "what builds a result of another type, or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(fields_doc,
+"Fields(spec, *, type=None, fallback=None)\n\n"
+"A recorded op's attribute builder made from a declarative spec: called as\n"
+"``f(cache, out, args)`` (the ledger's ``attrs[op]``) it returns a tuple with one value per\n"
+"item of ``spec``, each one of:\n\n"
+"- ``('out', name[, how])``: ``out.name``, read by offset where ``out``'s type keeps it in a\n"
+"  ``__slots__`` slot (learned once per type, guarded by the type's version tag), through\n"
+"  ``getattr`` otherwise;\n"
+"- ``('arg', i[, how])``: ``args[i]``;\n"
+"- ``('get', m, k, default)``: ``value[m].get(value[k], default)``, the values of two other\n"
+"  items (neither a ``get`` item);\n\n"
+"where ``how`` is None (the value), ``'or None'`` (``v or None``), ``'len'`` (``len(v)``) or\n"
+"``'dict'`` (``dict(v)``). With ``type``, a result whose type is not exactly ``type`` goes to\n"
+"``fallback(cache, out, args)`` (TypeError without one). Errors propagate as the Python\n"
+"expression's would; a bad spec raises TypeError or ValueError naming the item.");
+
+static PyTypeObject FieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "radixscope.cache._native.Fields",
+    .tp_basicsize = sizeof(Fields),
+    .tp_dealloc = fields_dealloc,
+    .tp_vectorcall_offset = offsetof(Fields, vectorcall),
+    .tp_repr = fields_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = fields_doc,
+    .tp_traverse = fields_traverse,
+    .tp_clear = fields_clear,
+    .tp_members = fields_members,
+    .tp_new = fields_new,
+};
+
 static PyMethodDef native_methods[] = {
     {"check_split", check_split, METH_VARARGS, check_split_doc},
     {"common_len", common_len, METH_VARARGS, common_len_doc},
@@ -431,8 +847,11 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
+    if (PyType_Ready(&FieldsType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&native_module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0
+                      || PyModule_AddObject(m, "Fields", Py_NewRef(&FieldsType)) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -41,11 +41,12 @@ class _Acc:
         for ci, n in freed.items():
             self.freed[ci] += n
 
-    def result(self, requested: int) -> EvictResult:
+    def result(self, ci: int, requested: int) -> EvictResult:
         self.core.free_deferred(self.defer)
         names = [c.name for c in self.core.comps]
-        return EvictResult(requested, tuple(zip(names, self.freed, strict=False)), tuple(self.evicted),
-                           tuple(self.demoted), tuple(self.deleted), tuple(self.tombstoned))
+        return EvictResult(requested, tuple(zip(names, self.freed, strict=False)),
+                           tuple(self.evicted), tuple(self.demoted), tuple(self.deleted),
+                           tuple(self.tombstoned), names[ci])
 
 
 def _post_order(node: Node) -> list[Node]:
@@ -100,14 +101,14 @@ class Eviction(CacheCore):
                 raise
             finally:
                 self._refile(skipped)
-            return acc.result(num)
+            return acc.result(ci, num)
         lru = self.lru[ci][DEVICE]
         while acc.freed[ci] < num:
             victim = next((n for n in lru.values() if n.data[ci].refs[DEVICE] == 0), None)
             if victim is None:
                 break
             self._tombstone(victim, ci, acc)
-        return acc.result(num)
+        return acc.result(ci, num)
 
     def _refile(self, leaves: list[Node]) -> None:
         """File again the leaves an eviction popped but did not remove (skipped, or failed):
@@ -198,7 +199,7 @@ class Eviction(CacheCore):
                 if leaf is not None:  # an L3 write-back that raised: the leaf stays findable
                     self._refile([leaf])
                 raise
-            return acc.result(num)
+            return acc.result(ci, num)
         lru = self.lru[ci][HOST]
         while acc.freed[ci] < num:  # only this component's host copy goes; FULL's host copy stays
             victim = next((n for n in lru.values() if n.data[ci].refs[HOST] == 0), None)
@@ -208,7 +209,7 @@ class Eviction(CacheCore):
             self.set_value(victim, ci, HOST, None)
             acc.freed[ci] += self.free_slots(ci, HOST, v)
             acc.tombstoned.append((self.comps[ci].name, victim.id))
-        return acc.result(num)
+        return acc.result(ci, num)
 
     def _evict_host_leaf(self, node: Node, acc: _Acc) -> None:
         if self.storage is not None and self.storage.write_policy == "write_back":

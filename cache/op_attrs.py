@@ -3,13 +3,23 @@ Telemetry maps them onto span attributes; see docs/telemetry.md.
 
 ``OP_ATTRS[op](cache, out, args)`` builds one op's attributes from its result and the
 arguments its implementation was called with (one table lookup per op on the hot path): a
-tuple in ``events.OP_FIELDS[op]`` order (``events.attrs_dict`` names it), a dict for prefetch."""
+tuple in ``events.OP_FIELDS[op]`` order (``events.attrs_dict`` names it), a dict for prefetch.
+
+The Python builders below (``PY_ATTRS``) are the reference. The hot ops' (match, insert, evict:
+2.8 recorded a request) are also written as specs (``SPECS``), which ``native.Fields`` runs in C:
+the result's slots read by offset, the tuple built with no Python frame (issue 17: ~420-860
+instructions an op, the tuple included, against ~800-2,700). ``OP_ATTRS`` holds those where the
+native module was built, the Python builders otherwise (``native.FieldsPy`` interprets a spec:
+slower than the builder it stands for). tests/cache/test_op_attrs.py checks that all three give
+equal tuples on real results."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from radixscope.cache import events as ev
+from radixscope.cache import native
+from radixscope.cache.native import ARG, DICT, GET, LEN, OR_NONE, OUT
 from radixscope.cache.results import MatchResult
 
 
@@ -71,10 +81,31 @@ def _prefetch(cache, out, args) -> dict:
     return dict(cache._pf_attrs)
 
 
-OP_ATTRS: dict[str, Callable[..., tuple | dict]] = {
+PY_ATTRS: dict[str, Callable[..., tuple | dict]] = {
     ev.OP_MATCH: _match, ev.OP_INSERT: _insert, ev.OP_LOCK: _lock, ev.OP_UNLOCK: _release,
     ev.OP_RELEASE_SWA: _release, ev.OP_ALLOC: _alloc, ev.OP_FREE: _free, ev.OP_EVICT: _evict,
     ev.OP_EVICT_HOST: _evict, ev.OP_BACKUP: _backup, ev.OP_LOAD_BACK: _load_back,
     ev.OP_PREFETCH: _prefetch,
 }
 
+# The hot ops' builders as ``native.Fields`` specs: op -> (spec, keywords). A match of another
+# type than ``MatchResult`` (the prefetch-aware one) goes to ``_match``; an eviction names its
+# component on the result (``EvictResult.component``), which ``_evict`` looks up in the cache.
+SPECS: dict[str, tuple[tuple, dict]] = {
+    ev.OP_MATCH: (((OUT, "key_len"), (OUT, "device_prefix_len"), (OUT, "host_hit_length"),
+                   (OUT, "swa_host_hit_length"), (OUT, "mamba_host_hit_length"),
+                   (OUT, "last_device_node"), (OUT, "best_match_node"), (OUT, "extra_key"),
+                   (OUT, "branch_len", OR_NONE)),
+                  {"type": MatchResult, "fallback": _match}),
+    # args[8]: _insert_walk's branch_len
+    ev.OP_INSERT: (((OUT, "key_len"), (OUT, "prefix_len"), (OUT, "new_tokens"),
+                    (OUT, "last_node"), (ARG, 8, OR_NONE), (OUT, "branch_node")), {}),
+    # the freed tokens: the freed dict's (item 3) entry for the component (item 0)
+    ev.OP_EVICT: (((OUT, "component"), (OUT, "requested"), (GET, 3, 0, 0),
+                   (OUT, "freed", DICT), (OUT, "evicted_nodes", LEN)), {}),
+}
+SPECS[ev.OP_EVICT_HOST] = SPECS[ev.OP_EVICT]
+
+OP_ATTRS: dict[str, Callable[..., tuple | dict]] = dict(PY_ATTRS)
+if native.KERNELS == "native":
+    OP_ATTRS.update({op: native.Fields(spec, **kw) for op, (spec, kw) in SPECS.items()})

@@ -199,12 +199,16 @@ class LockReceipt:
 
 @_record
 class EvictResult:
+    """What ``evict`` / ``evict_host`` freed of ``component`` (``requested`` slots asked),
+    per component, and the nodes it took, in order."""
+
     requested: int
     freed: tuple[tuple[str, int], ...]  # per component, slots freed on this tier
     evicted_nodes: tuple[int, ...]      # nodes deleted or demoted, in eviction order
     demoted: tuple[int, ...] = ()       # nodes that became host-only
     deleted: tuple[int, ...] = ()       # nodes removed from the tree
     tombstoned: tuple[tuple[str, int], ...] = ()  # (component, node): data dropped, FULL kept
+    component: str | None = None  # the component asked for (the cache's results name it)
 
     def freed_of(self, component: str) -> int:
         return dict(self.freed).get(component, 0)

@@ -97,7 +97,7 @@ def _install_host_uaf(cache, inj) -> None:
             cache.set_value(victim, ci, HOST, None)
             acc.freed[ci] += cache.free_slots(ci, HOST, v)
             acc.tombstoned.append((cache.comps[ci].name, victim.id))
-        return acc.result(num)
+        return acc.result(ci, num)
     cache._evict_host_slots = _evict_host_slots
 
 

@@ -5,6 +5,9 @@ cache's scenarios pass on the pure versions too (``RADIXSCOPE_NATIVE=0``, in a s
 
 from __future__ import annotations
 
+import gc
+import sys
+import weakref
 from array import array
 from pathlib import Path
 
@@ -327,3 +330,220 @@ def test_fill_slots_sets_every_slot_or_refuses_before_setting_any(impl) -> None:
     with pytest.raises(TypeError, match="takes"):
         fill(fresh, list(_SLOTS), 1, 2)
     assert not hasattr(fresh, "a") and not hasattr(fresh, "b")
+
+
+# ---- Fields: an op's attribute builder from a spec (op_attrs.SPECS) -------------------------
+
+class _Res:
+    __slots__ = ("a", "b", "pairs", "nodes", "comp")
+
+    def __init__(self, a=1, b=0, pairs=(("full", 3), ("swa", 2)), nodes=(4, 5, 6), comp="swa"):
+        self.a, self.b, self.pairs, self.nodes, self.comp = a, b, pairs, nodes, comp
+
+
+_SPEC = ((native.OUT, "a"), (native.OUT, "b", native.OR_NONE), (native.ARG, 1, native.OR_NONE),
+         (native.OUT, "pairs", native.DICT), (native.GET, 3, 5, 0), (native.OUT, "comp"),
+         (native.OUT, "nodes", native.LEN), (native.ARG, 0))
+
+
+def _fields(impl: str):
+    if impl == "native":
+        needs_native()
+        return C.Fields
+    return native.FieldsPy
+
+
+IMPLS = pytest.mark.parametrize("impl", ["native", "python"])
+
+
+@IMPLS
+def test_fields_builds_the_tuple_its_spec_names(impl) -> None:
+    f = _fields(impl)(_SPEC)
+    r = _Res()
+    assert f(None, r, ("x", 0)) == (1, None, None, {"full": 3, "swa": 2}, 2, "swa", 3, "x")
+    r.b, r.comp = 7, "mamba"  # "or None" keeps a true value; a missing key gives the default
+    assert f(None, r, ("x", 9)) == (1, 7, 9, {"full": 3, "swa": 2}, 0, "mamba", 3, "x")
+    assert f.spec is _SPEC and f.type is None and f.fallback is None
+    assert repr(f) == f"Fields({_SPEC!r}, type=None, fallback=None)"
+    assert _fields(impl)(())(None, r, ()) == ()
+    many = _fields(impl)(((native.ARG, 0),) * 40)  # past the C call's stack room for values
+    assert many(None, r, ("y",)) == ("y",) * 40
+    with pytest.raises(IndexError):
+        many(None, r, ())
+
+
+class _Sub(_Res):
+    __slots__ = ()
+
+
+class _Shadow(_Res):  # a subclass whose ``a`` is computed
+    def __init__(self) -> None:
+        self.comp = "swa"
+
+    @property
+    def a(self):
+        return "shadowed"
+
+
+class _Lazy:  # no slots: attributes from __getattr__
+    def __getattr__(self, name):
+        return f"lazy {name}"
+
+
+@IMPLS
+def test_fields_reads_any_type_right_and_guards_an_exact_one(impl) -> None:
+    """A subclass, a shadowing property, a __getattr__ and a plain object all read as getattr
+    would, whichever type the reads were learned on first; with ``type`` only that exact type
+    is read and any other (a subclass too) goes to the fallback, or raises without one."""
+    F = _fields(impl)
+    f = F(((native.OUT, "a"), (native.OUT, "comp")))
+    for _ in range(3):  # each read after another type's: the hint relearned every time
+        assert f(None, _Res(a=1), ()) == (1, "swa")
+        assert f(None, _Sub(a=2), ()) == (2, "swa")
+        assert f(None, _Shadow(), ()) == ("shadowed", "swa")
+        assert f(None, _Lazy(), ()) == ("lazy a", "lazy comp")
+    seen = []
+    g = F(((native.OUT, "a"),), type=_Res, fallback=lambda c, o, a: seen.append((c, o, a)) or 9)
+    sub = _Sub(a=5)
+    assert g(None, _Res(a=3), ()) == (3,) and g("c", sub, (1,)) == 9 and seen == [("c", sub, (1,))]
+    h = F(((native.OUT, "a"),), type=_Res)
+    with pytest.raises(TypeError, match="expected a result of type _Res, got _Sub"):
+        h(None, sub, ())
+
+
+@IMPLS
+def test_fields_sees_a_type_changed_after_it_learned_it(impl) -> None:
+    """Reads learned on a type stay right when the type's attribute is replaced at runtime
+    (the type's version tag changes) and when it is put back."""
+    class R:
+        __slots__ = ("a", "b")
+
+    slot = R.__dict__["a"]
+    f = _fields(impl)(((native.OUT, "a"), (native.OUT, "b")))
+    r = R()
+    r.a, r.b = 1, 2
+    assert f(None, r, ()) == (1, 2) and f(None, r, ()) == (1, 2)
+    R.a = property(lambda self: "replaced")
+    assert f(None, r, ()) == ("replaced", 2)
+    R.a = slot
+    assert f(None, r, ()) == (1, 2)
+    R.__getattribute__ = lambda self, name: f"every {name}"
+    assert f(None, r, ()) == ("every a", "every b")
+
+
+class _Falsy:
+    def __bool__(self):
+        raise RuntimeError("no truth")
+
+
+@IMPLS
+def test_fields_raises_what_the_expressions_raise(impl) -> None:
+    f = _fields(impl)(_SPEC)
+    missing = _Res()
+    del missing.comp
+    bad = (
+        (missing, ("x", 0), AttributeError, "comp"),  # an unset slot
+        (_Res(b=_Falsy()), ("x", 0), RuntimeError, "no truth"),
+        (_Res(nodes=5), ("x", 0), TypeError, "has no len"),
+        (_Res(pairs=((1, 2, 3),)), ("x", 0), ValueError, "length 3"),
+        (_Res(pairs=7), ("x", 0), TypeError, "not iterable"),
+        (_Res(comp=[]), ("x", 0), TypeError, "unhashable"),
+        (_Res(), ("x",), IndexError, "out of range"),
+        (_Res(), None, TypeError, "not subscriptable"),
+    )
+    for out, args, exc, what in bad:
+        with pytest.raises(exc, match=what):
+            f(None, out, args)
+    pairs = [["full", 3], ("swa", 2)]  # not a tuple of 2-tuples: dict() itself
+    assert f(None, _Res(pairs=pairs), ("x", 0))[3] == {"full": 3, "swa": 2}
+    with pytest.raises(TypeError):
+        f(None, _Res())
+
+
+class _Map:
+    def get(self, key, default):
+        return ("got", key, default)
+
+
+@IMPLS
+def test_fields_get_reads_a_mapping_of_any_type(impl) -> None:
+    f = _fields(impl)(((native.OUT, "pairs"), (native.GET, 0, 2, -1), (native.OUT, "comp")))
+    assert f(None, _Res(pairs=_Map()), ())[1] == ("got", "swa", -1)
+    assert f(None, _Res(pairs={"swa": 4}), ())[1] == 4
+    with pytest.raises(AttributeError):
+        f(None, _Res(pairs=(("swa", 1),)), ())  # a tuple has no .get
+
+
+@IMPLS
+def test_fields_refuses_a_bad_spec_naming_the_item(impl) -> None:
+    F = _fields(impl)
+    cases = (
+        ("x", TypeError, "spec must be a tuple of items, got 'x'"),
+        ((("out",),), TypeError, r"spec\[0\] is \('out',\): an item is a tuple"),
+        ((("out", "a", None, 1),), TypeError, "an item is a tuple"),
+        ((("in", "a"),), ValueError, "its source is not 'out', 'arg' or 'get'"),
+        (((1, "a"),), ValueError, "its source is not"),
+        ((("out", 3),), TypeError, "an 'out' item names an attribute"),
+        ((("out", "a", "huh"),), ValueError, "its how is not None, 'or None', 'len' or 'dict'"),
+        ((("arg", -1),), ValueError, "an 'arg' item's key is an index >= 0"),
+        ((("arg", True),), ValueError, "an 'arg' item's key is an index >= 0"),
+        ((("arg", 1 << 70),), ValueError, "an 'arg' item's key is an index >= 0"),
+        ((("get", 0, 1),), TypeError, "a 'get' item is"),
+        ((("out", "a"), ("get", 0, 5, 0)), ValueError, r"spec\[1\] is .*names two other items"),
+        ((("out", "a"), ("get", 1, 0, 0)), ValueError, "neither a 'get' item"),
+        ((("out", "a"), ("get", 0, True, 0)), ValueError, "names two other items"),
+    )
+    for spec, exc, what in cases:
+        with pytest.raises(exc, match=what):
+            F(spec)
+    with pytest.raises(TypeError, match="type must be a type or None"):
+        F((), type=3)
+    with pytest.raises(TypeError, match="fallback must be callable and comes with a type"):
+        F((), fallback=print)
+    with pytest.raises(TypeError, match="fallback must be callable"):
+        F((), type=_Res, fallback=3)
+    with pytest.raises(TypeError):
+        F((), _Res)  # type is keyword-only
+
+
+def test_fields_holds_no_reference_it_should_not() -> None:
+    """The values, the args, the spec's parts and the fallback keep their reference counts
+    over many calls, failing ones included (a failure after some items were read)."""
+    needs_native()
+    vals = [object() for _ in range(4)]
+    name, default = "".join(["co", "mp"]), object()
+    spec = ((native.OUT, "a"), (native.OUT, "pairs", native.DICT), (native.GET, 1, 4, default),
+            (native.OUT, "nodes"), (native.OUT, name), (native.ARG, 0, native.OR_NONE))
+
+    def fb(cache, out, args):
+        return vals[0]
+
+    f = C.Fields(spec, type=_Res, fallback=fb)
+    ok = _Res(a=vals[0], pairs=((vals[1], vals[2]),), nodes=vals[3], comp=vals[1])
+    broken = _Res(a=vals[0], pairs=((vals[1], vals[2]),), nodes=vals[3])
+    del broken.comp
+    args = (vals[2],)
+    watched = [*vals, name, default, fb, spec, ok, broken, args]
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(100):
+        assert f(None, ok, args) == (vals[0], {vals[1]: vals[2]}, vals[2], vals[3], vals[1],
+                                     vals[2])
+        with pytest.raises(AttributeError):
+            f(None, broken, args)
+        assert f(None, _Sub(), args) is vals[0]
+    assert [sys.getrefcount(x) for x in watched] == before
+
+
+def test_fields_in_a_cycle_with_its_fallback_is_collected() -> None:
+    needs_native()
+
+    class Fallback:
+        def __call__(self, cache, out, args):
+            return ()
+
+    fb = Fallback()
+    fb.fields = C.Fields(((native.OUT, "a"),), type=_Res, fallback=fb)
+    gone = weakref.ref(fb)
+    del fb
+    gc.collect()
+    assert gone() is None

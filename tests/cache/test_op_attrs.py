@@ -3,15 +3,20 @@ same dict the sinks, the store and crash bundles have always seen."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
-from radixscope.cache import CacheConfig, HiRadixCache
+from radixscope.cache import CacheConfig, HiRadixCache, native
 from radixscope.cache import events as ev
 from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import OP_FIELDS, FlightRecorder, attrs_dict, named_op
-from radixscope.cache.op_attrs import OP_ATTRS
-from tests.kits.cachekit import Driver
+from radixscope.cache.op_attrs import OP_ATTRS, PY_ATTRS, SPECS
+from radixscope.cache.results import MatchResult, StorageMatchResult
+from tests.kits.cachekit import COMBO_IDS, COMBOS, Driver, make_config, random_session
 from tests.kits.l3kit import storage_cache, wait_prefetch, write_store
+from tests.kits.require import missing
 
 
 def _drive() -> tuple[HiRadixCache, FlightRecorder, dict]:
@@ -72,6 +77,7 @@ def test_hot_ops_record_tuples_in_op_fields_order_and_name_back() -> None:
     assert by_op[ev.OP_UNLOCK][0] == {ev.A_RECEIPT: lk.receipt_id, ev.A_NODE: lk.anchor,
                                       ev.A_OWNER: "r2"}
     e = out["evict"]
+    assert e.component == "full"
     assert by_op[ev.OP_EVICT][0] == {ev.A_COMPONENT: "full", ev.A_REQUESTED: 32,
                                      ev.A_FREED_TOKENS: e.freed_of("full"),
                                      ev.A_FREED: dict(e.freed),
@@ -149,3 +155,82 @@ def test_check_reports_stale_named_pins() -> None:
     c.check()
     c.unlock(receipt)
     c.check()
+
+
+# ---- the hot ops' specs (native.Fields) against the Python builders -------------------------
+
+def test_the_hot_ops_run_their_specs_natively_where_the_module_was_built() -> None:
+    assert set(SPECS) == {ev.OP_MATCH, ev.OP_INSERT, ev.OP_EVICT, ev.OP_EVICT_HOST}
+    assert all(OP_ATTRS[op] is PY_ATTRS[op] for op in set(PY_ATTRS) - set(SPECS))
+    if native.KERNELS != "native":
+        missing("native", "the native kernels were not built")
+    for op, (spec, kw) in SPECS.items():
+        f = OP_ATTRS[op]
+        assert type(f) is native._native.Fields and f.spec is spec, op
+        assert (f.type, f.fallback) == (kw.get("type"), kw.get("fallback"))
+    assert OP_ATTRS[ev.OP_MATCH].type is MatchResult
+
+
+def _agreeing(monkeypatch) -> Counter:
+    """Each hot op's builder in ``OP_ATTRS`` replaced by one that checks, on every call, that
+    the builder it replaced (native where built), the spec interpreted (``FieldsPy``) and the
+    Python builder give equal tuples, and records that; returns the counts by (op, case)."""
+    seen: Counter = Counter()
+
+    def check(op: str):
+        spec, kw = SPECS[op]
+        others = (OP_ATTRS[op], native.FieldsPy(spec, **kw))
+
+        def build(cache, out, args):
+            want = PY_ATTRS[op](cache, out, args)
+            for b in others:
+                got = b(cache, out, args)
+                assert type(got) is tuple and got == want, (op, b, got, want)
+            seen[op] += 1
+            if op == ev.OP_INSERT and args[8]:
+                seen["insert at a branching point"] += 1
+            if op in (ev.OP_EVICT, ev.OP_EVICT_HOST):
+                seen[f"{op} of {want[0]}"] += 1
+            return want
+        return build
+
+    for op in SPECS:
+        monkeypatch.setitem(OP_ATTRS, op, check(op))
+    return seen
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=COMBO_IDS)
+def test_the_specs_give_the_python_builders_tuples_on_real_results(combo, monkeypatch) -> None:
+    """A random session, branching inserts and an eviction of every component on both tiers:
+    every recorded match, insert and eviction gets equal tuples from the three builders."""
+    seen = _agreeing(monkeypatch)
+    c = HiRadixCache(make_config(combo, device_tokens=48, host_tokens=96),
+                     recorder=FlightRecorder())
+    d = Driver(c, branching=True)
+    d.insert(list(range(1, 25)), req_id="a")
+    d.insert(list(range(1, 9)) + [99] * 8, req_id="b")  # a prefix without aux state at its end
+    random_session(c, random.Random(17), 160, 12)
+    for comp in combo:
+        c.evict(8, component=comp)
+        c.evict_host(8, component=comp)
+    c.poll(wait=True)
+    c.check()
+    assert seen[ev.OP_MATCH] > 30 and seen[ev.OP_INSERT] > 30 and seen[ev.OP_EVICT] > 10
+    assert all(seen[f"{op} of {comp}"] for op in (ev.OP_EVICT, ev.OP_EVICT_HOST) for comp in combo)
+    if "mamba" in combo:
+        assert seen["insert at a branching point"]
+
+
+def test_a_prefetch_match_goes_to_the_python_builder(tmp_path, monkeypatch) -> None:
+    """A match of another type than ``MatchResult`` (the prefetch-aware one) is built by the
+    fallback: all twelve fields, from every builder."""
+    seen = _agreeing(monkeypatch)
+    toks = list(range(1, 65))
+    write_store(tmp_path, toks)
+    rec = FlightRecorder()
+    c = storage_cache(tmp_path, recorder=rec, device_tokens=128, host_tokens=256)
+    m = c.match_prefix(toks, req_id="r1", prefetch=True)
+    assert type(m) is StorageMatchResult and seen[ev.OP_MATCH] == 1
+    wait_prefetch(c, "r1")
+    raw = [o for o in rec.ops if o[1] == ev.OP_MATCH][-1]
+    assert len(raw[8]) == 12 and raw[8][9:] == ("started", 64, 0)
