@@ -35,26 +35,9 @@ no finalizer can take or record while the decoded mutations are in neither place
 #include <time.h>
 
 #include "_direct.h"
+#include "_slots.h"
 
 #define LEDGER_ABI 4
-
-/* Where a type keeps an attribute as a plain object slot (``slot_get``): valid while the type
-   is ``type`` with version tag ``version`` (CPython gives a type a new tag whenever it or a
-   base changes, and never reuses one, so the borrowed pointer is only ever compared). */
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    Py_ssize_t offset;
-} slot_hint;
-
-/* A type's version tag is valid: never 0 (a type changed, or out of tags, has 0); before 3.13
-   also flagged (3.13 keeps the tag alone). */
-#if PY_VERSION_HEX >= 0x030D0000
-#define TAG_VALID(tp) ((tp)->tp_version_tag != 0)
-#else
-#define TAG_VALID(tp) \
-    (PyType_HasFeature((tp), Py_TPFLAGS_VALID_VERSION_TAG) && (tp)->tp_version_tag != 0)
-#endif
 
 typedef struct {
     PyObject_HEAD
@@ -620,45 +603,6 @@ ledger_m(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *s_id, *s_data, *s_values, *s_refs; /* interned attribute names */
 enum { H_ID, H_DATA, H_VALUES, H_REFS }; /* their hints in ``Ledger.hints`` */
-
-/* ``h`` learns where ``tp`` keeps ``name``: a plain object slot (a member descriptor of a
-   ``__slots__`` class, found on the type's MRO, read by the generic getattr) or nothing. */
-static void
-slot_learn(PyTypeObject *tp, PyObject *name, slot_hint *h)
-{
-    h->type = NULL;
-    if (tp->tp_getattro != PyObject_GenericGetAttr)
-        return;
-    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; no error set */
-    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type
-        || !PyType_IsSubtype(tp, PyDescr_TYPE(d))
-        || !TAG_VALID(tp))
-        return;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX)
-        return;
-    h->type = tp;
-    h->version = tp->tp_version_tag;
-    h->offset = m->offset;
-}
-
-/* ``PyObject_GetAttr(obj, name)``, one load where ``h`` knows ``obj``'s type keeps ``name`` in
-   a slot (a member descriptor is a data descriptor: nothing on the instance shadows it). The
-   hot reads of ``state``: four a call, each a type lookup and a descriptor call otherwise. */
-static PyObject *
-slot_get(PyObject *obj, PyObject *name, slot_hint *h)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    if (tp == h->type && tp->tp_version_tag == h->version && TAG_VALID(tp)) {
-        PyObject *v = *(PyObject **)((char *)obj + h->offset);
-        if (v != NULL)
-            return Py_NewRef(v);
-    }
-    PyObject *v = PyObject_GetAttr(obj, name); /* (raises what it raises; unset: AttributeError) */
-    if (v != NULL)
-        slot_learn(tp, name, h);
-    return v;
-}
 
 #define MAX_TIERS 32 /* tiers a component's state is measured on without a list copied */
 

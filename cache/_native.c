@@ -23,6 +23,8 @@ stale ``.so``). */
 #include <string.h>
 #include <structmember.h> /* T_OBJECT_EX, READONLY (Py_T_OBJECT_EX from 3.12) */
 
+#include "_slots.h" /* slot_get: Fields' reads of a result's slots */
+
 #define NATIVE_ABI 5
 
 /* The kinds of buffer the kernels take: 8-byte integers (page and slot ids, token ids), 4- or
@@ -416,69 +418,6 @@ fill_slots(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ---- Fields: a recorded op's attributes, read off its result ------------------------------ */
-
-/* Where a type keeps an attribute as a plain object slot: valid while the type is ``type`` with
-   version tag ``version`` (CPython gives a type a new tag whenever it or a base changes and never
-   reuses one, so the borrowed pointer is only ever compared). The same guard as the ledger's
-   ``slot_hint`` (cache/_ledger.c), which this file cannot share without a header of its own. */
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    Py_ssize_t offset;
-} slot_hint;
-
-/* A type's version tag is valid: never 0 (a type changed, or out of tags, has 0); before 3.13
-   also flagged (3.13 keeps the tag alone). */
-#if PY_VERSION_HEX >= 0x030D0000
-#define TAG_VALID(tp) ((tp)->tp_version_tag != 0)
-#else
-#define TAG_VALID(tp) \
-    (PyType_HasFeature((tp), Py_TPFLAGS_VALID_VERSION_TAG) && (tp)->tp_version_tag != 0)
-#endif
-
-/* ``h`` learns where ``tp`` keeps ``name``: a plain object slot (a member descriptor of a
-   ``__slots__`` class, found on the type's MRO, read by the generic getattr) or nothing (a
-   property, a class attribute, a ``__getattribute__`` or ``__getattr__`` of its own). */
-static void
-slot_learn(PyTypeObject *tp, PyObject *name, slot_hint *h)
-{
-    h->type = NULL;
-    if (tp->tp_getattro != PyObject_GenericGetAttr)
-        return;
-    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; no error set */
-    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type
-        || !PyType_IsSubtype(tp, PyDescr_TYPE(d))
-        || !TAG_VALID(tp))
-        return;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX)
-        return;
-    h->type = tp;
-    h->version = tp->tp_version_tag;
-    h->offset = m->offset;
-}
-
-/* ``PyObject_GetAttr(obj, name)`` (a new reference), one load where ``h`` knows ``obj``'s type
-   keeps ``name`` in a slot (a member descriptor is a data descriptor: nothing on the instance
-   shadows it). An unset slot, another type, a changed type: the generic getattr, which raises
-   what it raises (an unset slot: AttributeError), then learns the type again. The type is held
-   meanwhile: a property's getter may set ``obj.__class__`` and drop its last reference. */
-static PyObject *
-slot_get(PyObject *obj, PyObject *name, slot_hint *h)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    if (tp == h->type && tp->tp_version_tag == h->version && TAG_VALID(tp)) {
-        PyObject *v = *(PyObject **)((char *)obj + h->offset);
-        if (v != NULL)
-            return Py_NewRef(v);
-    }
-    Py_INCREF(tp);
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v != NULL)
-        slot_learn(tp, name, h);
-    Py_DECREF(tp);
-    return v;
-}
 
 /* What an item of a spec reads (``cache/native.py`` names them: ``OUT``, ``ARG``, ``GET``) and
    what it makes of the value (``OR_NONE``, ``LEN``, ``DICT``; ``AS_IS``: the value itself). */

@@ -646,3 +646,30 @@ def test_a_callable_freed_while_it_runs_does_not_crash_the_native_ledger(case) -
     out = subprocess.run([sys.executable, "-c", prelude + CRASHES[case] + "print('ok')"],
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
+
+
+def test_a_node_whose_id_read_changes_its_class_and_frees_the_old_one_is_read_safely(impl) -> None:
+    """``state`` reads a node's ``id`` through a property that moves the node to another class
+    and collects the old one: the ledger holds the type it is reading across the read (it
+    learns the type's layout after it), so nothing reads a freed type."""
+    led = impl(Owner(), lambda op, muts: None, None, {}, True)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+
+    class Plain:
+        pass
+
+    def node_of_a_type_only_it_holds() -> object:
+        class Gone:
+            @property
+            def id(self) -> int:
+                self.__class__ = Plain
+                gc.collect()  # Gone has no referrer left but ``self``'s old type pointer
+                return 4
+
+        n = Gone()
+        n.data = [Data([[1, 2], None, None], [0, 0, 0])]
+        return n
+
+    for _ in range(20):
+        led.state(node_of_a_type_only_it_holds(), 0)
+    assert [m[3] for m in led.take()] == [4] * 20
