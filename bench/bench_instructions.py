@@ -28,7 +28,9 @@ for the ops a variant names (the rest run plainly). Variants:
 
 Needs valgrind (Debian's ``valgrind``); about a minute a variant on a 2-core machine.
 Counts are the process's, Python interpreter included, with ``PYTHONHASHSEED=0``; they differ
-from build to build of Python, so compare counts from one machine.
+from build to build of Python, so compare counts from one machine. They also move by 1-4 k a
+request from one invocation to the next (interned names and types at other addresses, so the
+interpreter's method cache collides elsewhere): compare variants measured in one invocation.
 
     python bench/bench_instructions.py
     python bench/bench_instructions.py --requests 300 --variants on,match,norec
