@@ -638,6 +638,11 @@ fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_TypeError, "Fields: spec must be a tuple of items, got %R", spec);
         return NULL;
     }
+    if (PyTuple_GET_SIZE(spec) == 0) { /* (its tuple would be the shared empty one, which the
+                                          call must not untrack and track) */
+        PyErr_SetString(PyExc_ValueError, "Fields: spec has no items");
+        return NULL;
+    }
     if (tp != Py_None && !PyType_Check(tp)) {
         PyErr_Format(PyExc_TypeError, "Fields: type must be a type or None, got %R", tp);
         return NULL;

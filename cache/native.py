@@ -235,6 +235,8 @@ class FieldsPy:
                  fallback: Callable | None = None) -> None:
         if not isinstance(spec, tuple):
             raise TypeError(f"Fields: spec must be a tuple of items, got {spec!r}")
+        if not spec:
+            raise ValueError("Fields: spec has no items")
         if type is not None and not isinstance(type, _type):
             raise TypeError(f"Fields: type must be a type or None, got {type!r}")
         if fallback is not None and (type is None or not callable(fallback)):
