@@ -649,17 +649,27 @@ encode_plain_any(rs_bytes *s, PyObject *v, int depth)
     return RS_NOT_PLAIN;
 }
 
+/* A mutation's 7-tuple header and its first two items, ``seq`` and ``cur_op``, in one
+   reserve (``direct_mutation``'s and ``direct_state``'s start). */
+static inline int
+put_mutation_head(rs_bytes *out, long long seq, long long cur_op)
+{
+    if (reserve(out, 5 + 2 * LONG64_ROOM) < 0)
+        return -1;
+    unsigned char *p = w_type_int32(end_of(out), '(', 7);
+    p = w_ll(p, seq);
+    out->len = (char *)w_ll(p, cur_op) - out->buf;
+    return 0;
+}
+
 /* rs_direct_api.mutation: the 7-tuple ``(seq, cur_op, kind, node, comp, tier, value)``, its
    items at the depth a record's mutation list puts them. */
 static int
 direct_mutation(rs_bytes *out, long long seq, long long cur_op, PyObject *const *items)
 {
     Py_ssize_t start = out->len;
-    if (reserve(out, 5 + 2 * LONG64_ROOM) < 0)
+    if (put_mutation_head(out, seq, cur_op) < 0)
         return -1;
-    unsigned char *p = w_type_int32(end_of(out), '(', 7);
-    p = w_ll(p, seq);
-    out->len = (char *)w_ll(p, cur_op) - out->buf;
     int r = put_plain_items(out, items, 5, 3);
     if (r != 0)
         out->len = start;
@@ -673,16 +683,13 @@ direct_state(rs_bytes *out, long long seq, long long cur_op, PyObject *const *it
              const rs_state *st)
 {
     Py_ssize_t start = out->len;
-    if (reserve(out, 5 + 2 * LONG64_ROOM) < 0)
+    if (put_mutation_head(out, seq, cur_op) < 0)
         return -1;
-    unsigned char *p = w_type_int32(end_of(out), '(', 7);
-    p = w_ll(p, seq);
-    out->len = (char *)w_ll(p, cur_op) - out->buf;
     int r = put_plain_items(out, items, 3, 3);
     if (r == 0 && st->ntiers + st->nrefs > INT32_MAX / LONG64_ROOM)
         r = RS_NOT_PLAIN; /* (never: the ledger gives a few) */
     if (r == 0 && (r = reserve(out, 1 + 3 * 5 + (st->ntiers + st->nrefs) * LONG64_ROOM)) == 0) {
-        p = end_of(out);
+        unsigned char *p = end_of(out);
         *p++ = 'N'; /* no tier */
         p = w_type_int32(p, '(', 2);
         p = w_type_int32(p, '(', (int32_t)st->ntiers);
