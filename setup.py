@@ -10,10 +10,10 @@ pure-Python versions (``cache/native.py``, ``cache/ledger.py``, ``cache/leaves.p
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("radixscope.cache._native", ["cache/_native.c"], depends=["cache/_slots.h"],
-              optional=True),
+    Extension("radixscope.cache._native", ["cache/_native.c"],
+              depends=["cache/_builders.h", "cache/_slots.h"], optional=True),
     Extension("radixscope.cache._ledger", ["cache/_ledger.c"],
-              depends=["cache/_direct.h", "cache/_slots.h"], optional=True),
+              depends=["cache/_builders.h", "cache/_direct.h", "cache/_slots.h"], optional=True),
     Extension("radixscope.cache._leafheap", ["cache/_leafheap.c"], optional=True),
     Extension("radixscope.telemetry.record._sink", ["telemetry/record/_sink.c"],
               depends=["cache/_direct.h"], optional=True),

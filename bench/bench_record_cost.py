@@ -98,9 +98,9 @@ def main() -> None:
                 runs["discard_py"] = Run("cache side (py)", nodes, comps, False, d, False,
                                          DiscardRecorder())
         runs["telemetry"] = Run("telemetry", nodes, comps, True, d, False)
-        for _ in range(args.reps):
+        for i in range(args.reps):
             for r in runs.values():
-                r.batch(args.requests)
+                r.batch(args.requests, quiesce=i < args.reps - 1)
         for r in runs.values():
             r.c.check()
             r.close()

@@ -7,31 +7,38 @@ turns of 96-320 tokens; a conversation restarts past 3 k tokens), page size 1, F
 match -> lock -> evict when short -> alloc -> insert -> unlock.
 
 Each scale runs two caches in one process, interleaved batch by batch: the baseline (no recorder)
-and full telemetry (``telemetry.setup``: writer process, store, spans). Reported per op (each cache
-call timed on its own; an auxiliary component's evict / alloc as ``evict.<comp>`` /
-``alloc.<comp>``): median and p99 of the calling thread's CPU time; per request (match + insert +
-lock + unlock) median and p99; req/s; ops/s (match + insert + evict calls per second of their own
-time, as issue 17's table, from each cache's best batch) and telemetry's cost in it batch pair by
-batch pair (batch i of both caches: the same requests, run back to back) with their median, the
-figure the target is judged on; process memory per resident token beyond the KV buffers (RSS delta
-of building and filling the baseline cache, minus the KV buffers' bytes, divided by the tokens
-resident); store bytes per op (the store's pages after ``close()`` over every cache call of the
-run, fill included) and ``close()`` time; FULL evict calls by the tokens they were asked for and
-the nodes they removed (tombstone ancestors among them), and the cost per node removed; match calls
-by the depth of the device path they walked (a line through each depth's median, and the worst
-p99/median within one depth: the tail that is not the workload's spread of path lengths); the
-garbage collector: the objects it tracks per node (added by building and filling each cache), its
-collections during the batches (how many, the longest, their time per request: the process's, both
-caches' objects scanned by each) and a full collection's time with every cache resident; last,
-issue 17's targets that one run can judge, each ``met`` or ``NOT met``. ``bench_record_cost.py``
-splits telemetry's cost into its steps. ``--kernels`` also times every call of the native kernels
-the pools make (``check_split``, ``alloc_pages``, ``free_pages``; wall clock, inside the ops, so
-the ops' own figures then carry the timer's cost too): per call median / p99 and per request, the C
-part of a request in place, where its bitmaps may be cold.
+and full telemetry (``telemetry.setup``: writer process, store, spans); after the fill and after
+every batch but the last, the telemetry pipeline is waited for outside the timings
+(``Run.quiesce``), so its backlog is not charged to the next cache's batch (``--no-quiesce``: the
+old method, for comparison); ``--pause-writer`` stops the writer process during the telemetry
+batches (the cache's thread alone); ``--control`` adds a second cache without a recorder, judged
+against the baseline as telemetry is (what the method reads where there is no cost).
+
+Reported per op (each cache call timed on its own; an auxiliary component's evict / alloc as
+``evict.<comp>`` / ``alloc.<comp>``): median and p99 of the calling thread's CPU time; per request
+(match + insert + lock + unlock) median and p99; req/s; ops/s (match + insert + evict calls per
+second of their own time, as issue 17's table, from each cache's best batch) and telemetry's cost
+in it batch pair by batch pair (batch i of both caches: the same requests, run back to back) with
+their median, the figure the target is judged on; process memory per resident token beyond the KV
+buffers (RSS delta of building and filling the baseline cache, minus the KV buffers' bytes, divided
+by the tokens resident); store bytes per op (the store's pages after ``close()`` over every cache
+call of the run, fill included) and ``close()`` time; FULL evict calls by the tokens they were
+asked for and the nodes they removed (tombstone ancestors among them), and the cost per node
+removed; match calls by the depth of the device path they walked (a line through each depth's
+median, and the worst p99/median within one depth: the tail that is not the workload's spread of
+path lengths); the garbage collector: the objects it tracks per node (added by building and filling
+each cache), its collections during the batches (how many, the longest, their time per request: the
+process's, both caches' objects scanned by each) and a full collection's time with every cache
+resident; last, issue 17's targets that one run can judge, each ``met`` or ``NOT met``.
+``bench_record_cost.py`` splits telemetry's cost into its steps. ``--kernels`` also times every
+call of the native kernels the pools make (``check_split``, ``alloc_pages``, ``free_pages``; wall
+clock, inside the ops, so the ops' own figures then carry the timer's cost too): per call median /
+p99 and per request, the C part of a request in place, where its bitmaps may be cold.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
     python bench/bench_scale.py --scale 1k --no-telemetry --kernels
+    python bench/bench_scale.py --scale 1k --reps 12 --control [--pause-writer | --no-quiesce]
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import argparse
 import gc
 import os
 import random
+import signal
 import sqlite3
 import statistics
 import sys
@@ -307,6 +315,7 @@ class Run:
             self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1
         self.discard()
+        self.quiesce()
         self.fill_s = time.perf_counter() - t0
         self.fill_requests = i
         gc.collect()
@@ -329,6 +338,17 @@ class Run:
             rec.seal()
             rec.take(1 << 62)
 
+    def quiesce(self) -> None:
+        """Wait, outside every timing, until the telemetry pipeline (if any) has shipped and
+        stored what this cache recorded: its drain thread and writer process then do not run on
+        into the next cache's batch and get charged to that cache. They did before: full
+        telemetry's cost at 1 k nodes read 5.3 % on average over four runs of 12 batch pairs
+        without this wait, 6.9 % over seven with it (RESULTS.md, #17, twenty-fourth round).
+        Telemetry's own batches still run with the pipeline shipping their records meanwhile,
+        as a serving process does."""
+        if self.tel is not None:
+            self.tel.flush()
+
     def store_size(self) -> int:
         if self.tel is None:
             return 0
@@ -339,7 +359,24 @@ class Run:
         finally:
             con.close()
 
-    def batch(self, requests: int) -> None:
+    def batch(self, requests: int, quiesce: bool = True, pause_writer: bool = False) -> None:
+        """One timed batch of ``requests``; then, with ``quiesce``, the pipeline waited for
+        (the last batch leaves its backlog to ``close()``, which is timed). ``pause_writer``:
+        the writer process is stopped (SIGSTOP) while the batch runs and resumed after, so the
+        batch pays for the cache's thread alone (the drain thread blocks once the pipe is
+        full): what telemetry costs less what its writer's work on the machine costs."""
+        writer = self.tel.pipeline.transport.process if pause_writer and self.tel else None
+        if writer is not None:
+            os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            self._timed_batch(requests)
+        finally:
+            if writer is not None:
+                os.kill(writer.pid, signal.SIGCONT)
+        if quiesce:
+            self.quiesce()
+
+    def _timed_batch(self, requests: int) -> None:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
         t = {k: [] for k in (*OPS, *NOT_OPS)}
@@ -421,6 +458,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     workload_args(ap, requests=2000)
     ap.add_argument("--no-telemetry", action="store_true", help="baseline cache only")
+    ap.add_argument("--no-quiesce", action="store_true",
+                    help="do not wait for the telemetry pipeline after each batch (the method "
+                         "before issue 17's twenty-fourth round: its backlog then runs into the "
+                         "next cache's batch)")
+    ap.add_argument("--pause-writer", action="store_true",
+                    help="stop the telemetry writer process during the telemetry cache's batches "
+                         "(its cost in the cache's thread alone)")
+    ap.add_argument("--control", action="store_true",
+                    help="also a second cache without a recorder, compared with the baseline "
+                         "as telemetry is (what the method reads where there is no cost)")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
     ap.add_argument("--kernels", action="store_true",
                     help="also time the native kernels' calls inside the ops")
@@ -433,9 +480,12 @@ def main() -> None:
         runs = [Run("baseline", nodes, comps, False, d, args.freeze)]
         if not args.no_telemetry:
             runs.append(Run("telemetry", nodes, comps, True, d, args.freeze))
-        for _ in range(args.reps):
+        if args.control:
+            runs.append(Run("control", nodes, comps, False, d, args.freeze))
+        for i in range(args.reps):
             for r in runs:
-                r.batch(args.requests)
+                r.batch(args.requests, quiesce=not args.no_quiesce and i < args.reps - 1,
+                        pause_writer=args.pause_writer)
         for r in runs:
             r.c.check()
         full_gc_ms = full_collection_ms()
@@ -458,14 +508,19 @@ def main() -> None:
         if r.tel is not None:
             print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
                   f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")
-    if len(sums) == 2:
-        b, t = sums
+    if not args.no_telemetry:
+        b, t = sums[:2]
         print(f"  ratios telemetry/baseline: req/s {t['req_s'] / b['req_s']:.3f}, ops/s "
               f"{t['ops_s'] / b['ops_s']:.3f} (best batches), request median "
               f"{t['request'][0] / b['request'][0]:.3f}")
         costs = paired_costs(runs[0].batches, runs[1].batches)
         print("  telemetry's cost in ops/s, batch pair by batch pair: "
               + " ".join(f"{c * 100:.1f}" for c in costs)
+              + f" % (median {statistics.median(costs) * 100:.1f} %)")
+    if args.control:
+        costs = paired_costs(runs[0].batches, runs[-1].batches)
+        print("  control's cost (a second cache without a recorder: the method's own noise and "
+              "bias), batch pair by batch pair: " + " ".join(f"{c * 100:.1f}" for c in costs)
               + f" % (median {statistics.median(costs) * 100:.1f} %)")
     for r, s in zip(runs, sums, strict=True):
         if "victims" in s:
@@ -498,6 +553,9 @@ def main() -> None:
     print(f"  garbage collector: {GC_PAUSES.line(requests)}; a full collection "
           f"{full_gc_ms:.1f} ms with every cache resident")
     print_targets(args.scale, runs, sums, closes)
+    if args.pause_writer or args.no_quiesce:
+        print("  (with --pause-writer or --no-quiesce the telemetry row above is not the "
+              "target's measure: run without them to judge it)")
 
 
 if __name__ == "__main__":

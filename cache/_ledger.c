@@ -9,7 +9,9 @@ hands over the mutations kept so far. The counters (``seq``, ``op_id``, ``cur_op
 
 A recorded op costs here what the Python version spends on interpreting: its ids, clock and
 context, the record's tuple and the swap of the mutation list are a few C statements, and the
-attribute builder (``attrs[op]``) and the recorder are called with vectorcall. Errors go back to
+attribute builder (``attrs[op]``) and the recorder are called with vectorcall (a builder
+whose type has the entry of ``cache/_builders.h``, ``native.Fields``, through that entry, with
+the op's arguments as they came: no tuple made). Errors go back to
 the cache's own methods (``_op_failed``, ``_after_error``, ``_recorder_failed``), called with
 the exception as an argument; the cache is held by a weak reference (no cycle keeps a cache's
 buffers alive). ``LEDGER_ABI`` changes whenever the interface does: ``ledger.py`` refuses a
@@ -34,6 +36,7 @@ no finalizer can take or record while the decoded mutations are in neither place
 #include <stdint.h>
 #include <time.h>
 
+#include "_builders.h"
 #include "_direct.h"
 #include "_slots.h"
 
@@ -58,6 +61,11 @@ typedef struct {
     PyObject *cur_obj;           /* cur_op as an int object, made once per op (NULL: none) */
     long long cur_obj_val;       /* the value cur_obj holds */
     PyObject *weakreflist;
+    /* native attribute builders (cache/_builders.h): */
+    PyTypeObject *btype;         /* a builder type that has the table (held), or NULL */
+    PyObject *bholder;           /* the capsule holding it */
+    const rs_builder_api *bapi;  /* the table */
+    PyTypeObject *plain_type;    /* the last builder type found without one (compared only) */
     /* direct records (cache/_direct.h): */
     const rs_direct_api *api;    /* the recorder's table (NULL: it has none) */
     PyObject *api_holder;        /* the capsule it is in */
@@ -371,23 +379,87 @@ run_plain(Ledger *L, PyObject *op, PyObject *fn, PyObject *const *args, Py_ssize
     return out;
 }
 
+/* The native entry of ``builder``'s type (cache/_builders.h), with its capsule (a new reference)
+   in ``*holder``; NULL where it has none (looking it up failed, or raised: cleared; the
+   builder is then called as any other). Learned once per type: the last type with a table is
+   held, the last without one remembered. */
+static const rs_builder_api *
+builder_api(Ledger *L, PyObject *builder, PyObject **holder)
+{
+    PyTypeObject *tp = Py_TYPE(builder);
+    if (tp == L->btype) {
+        *holder = Py_NewRef(L->bholder);
+        return L->bapi;
+    }
+    if (tp == L->plain_type)
+        return NULL;
+    Py_INCREF(tp); /* (the lookup may run code that frees it: a metaclass's __getattr__) */
+    PyObject *cap = PyObject_GetAttrString((PyObject *)tp, RS_BUILDERS_ATTR);
+    const rs_builder_api *api = NULL;
+    if (cap == NULL)
+        PyErr_Clear();
+    else if (PyCapsule_IsValid(cap, RS_BUILDERS_CAPSULE)) {
+        api = PyCapsule_GetPointer(cap, RS_BUILDERS_CAPSULE);
+        if (api != NULL && api->version != RS_BUILDERS_VERSION)
+            api = NULL;
+    }
+    if (api == NULL) {
+        L->plain_type = tp;
+        Py_XDECREF(cap);
+        Py_DECREF(tp);
+        return NULL;
+    }
+    PyTypeObject *old_type = L->btype;
+    PyObject *old_holder = L->bholder;
+    L->btype = tp; /* (the reference taken above moves here) */
+    L->bholder = Py_NewRef(cap);
+    L->bapi = api;
+    if (L->plain_type == tp)
+        L->plain_type = NULL;
+    Py_XDECREF(old_type);
+    Py_XDECREF(old_holder);
+    *holder = cap;
+    return api;
+}
+
+/* ``self._attrs[op]`` (a new reference): an exact dict looked up with no code run where ``op``
+   is an exact str; else as ``[]`` does it (a subclass's __missing__); KeyError(op). */
+static PyObject *
+builder_of(PyObject *table, PyObject *op)
+{
+    if (PyDict_CheckExact(table) && PyUnicode_CheckExact(op)) {
+        PyObject *b = PyDict_GetItemWithError(table, op); /* borrowed */
+        if (b != NULL)
+            return Py_NewRef(b);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetItem(table, op);
+}
+
 /* ``attrs[op](cache, out, args)`` (a new reference); a builder that raises is the recorder's
-   failure, and the record gets ``{}``; NULL when that failure must propagate. */
+   failure, and the record gets ``{}``; NULL when that failure must propagate. A builder with a
+   native entry gets the op's arguments as they are; any other the tuple of them. */
 static PyObject *
 build_attrs(Ledger *L, PyObject *cache, PyObject *op, PyObject *out, PyObject *const *args,
             Py_ssize_t n)
 {
-    PyObject *attrs = NULL, *argt = NULL, *table = Py_NewRef(L->attrs);
-    /* self._attrs[op]: a subclass's __missing__, KeyError(op) */
-    PyObject *builder = PyObject_GetItem(table, op);
+    PyObject *attrs = NULL, *argt = NULL, *holder = NULL, *table = Py_NewRef(L->attrs);
+    PyObject *builder = builder_of(table, op);
     Py_DECREF(table);
-    if (builder != NULL && (argt = PyTuple_New(n)) != NULL) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(argt, i, Py_NewRef(args[i]));
-        PyObject *bargs[3] = {cache, out, argt};
-        attrs = PyObject_Vectorcall(builder, bargs, 3, NULL);
-        Py_DECREF(argt);
+    if (builder != NULL) {
+        const rs_builder_api *api = builder_api(L, builder, &holder);
+        if (api != NULL)
+            attrs = api->build(builder, cache, out, args, n);
+        else if ((argt = PyTuple_New(n)) != NULL) {
+            for (Py_ssize_t i = 0; i < n; i++)
+                PyTuple_SET_ITEM(argt, i, Py_NewRef(args[i]));
+            PyObject *bargs[3] = {cache, out, argt};
+            attrs = PyObject_Vectorcall(builder, bargs, 3, NULL);
+            Py_DECREF(argt);
+        }
     }
+    Py_XDECREF(holder);
     Py_XDECREF(builder);
     if (attrs == NULL && recorder_failed(L, op) == 0)
         attrs = PyDict_New();
@@ -725,6 +797,13 @@ done:
 static Py_ssize_t
 index_below(PyObject *v, Py_ssize_t n, const char *what)
 {
+    if (PyLong_CheckExact(v)) { /* the sites' own ints: no call, no reference */
+        Py_ssize_t i = PyLong_AsSsize_t(v);
+        if (i >= 0 && i < n)
+            return i;
+        if (i == -1 && PyErr_Occurred())
+            PyErr_Clear(); /* (past Py_ssize_t: the error below) */
+    }
     PyObject *idx = PyNumber_Index(v);
     if (idx == NULL)
         return -1;
@@ -1103,6 +1182,8 @@ ledger_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(L->pool_kind);
     Py_VISIT(L->pool_tiers);
     Py_VISIT(L->cur_obj);
+    Py_VISIT(L->btype);
+    Py_VISIT(L->bholder);
     return 0;
 }
 
@@ -1123,6 +1204,9 @@ ledger_clear(PyObject *self)
     Py_CLEAR(L->pool_kind);
     Py_CLEAR(L->pool_tiers);
     Py_CLEAR(L->cur_obj);
+    Py_CLEAR(L->bholder);
+    L->bapi = NULL;
+    Py_CLEAR(L->btype);
     /* muts stays a list: every method may rely on it */
     return 0;
 }

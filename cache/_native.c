@@ -23,6 +23,7 @@ stale ``.so``). */
 #include <string.h>
 #include <structmember.h> /* T_OBJECT_EX, READONLY (Py_T_OBJECT_EX from 3.12) */
 
+#include "_builders.h"
 #include "_slots.h" /* slot_get: Fields' reads of a result's slots */
 
 #define NATIVE_ABI 5
@@ -471,17 +472,43 @@ as_dict(PyObject *x)
     return PyObject_CallOneArg((PyObject *)&PyDict_Type, x);
 }
 
+/* ``tuple(args[0..n])``: a new reference, or NULL. */
+static PyObject *
+tuple_of(PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t != NULL && i < n; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+    return t;
+}
+
+/* ``args[i]`` of the op's arguments: the vector ``argv`` (``argc`` of them) when ``argt`` is
+   NULL, else ``argt`` as the builder was called with it. A new reference, or NULL with the
+   error ``args[i]`` raises (from a tuple made of the vector where ``i`` is past its end). */
+static PyObject *
+arg_value(const Item *it, PyObject *const *argv, Py_ssize_t argc, PyObject *argt)
+{
+    if (argt == NULL) {
+        if (it->index < argc)
+            return Py_NewRef(argv[it->index]);
+        PyObject *t = tuple_of(argv, argc), *v = NULL;
+        if (t != NULL) {
+            v = PyObject_GetItem(t, it->key); /* IndexError, as the tuple the call would make */
+            Py_DECREF(t);
+        }
+        return v;
+    }
+    if (PyTuple_CheckExact(argt) && it->index < PyTuple_GET_SIZE(argt))
+        return Py_NewRef(PyTuple_GET_ITEM(argt, it->index));
+    return PyObject_GetItem(argt, it->key); /* ``args[i]``, its errors */
+}
+
 /* One OUT or ARG item's value (a new reference), or NULL. */
 static PyObject *
-item_value(Item *it, PyObject *out, PyObject *args)
+item_value(Item *it, PyObject *out, PyObject *const *argv, Py_ssize_t argc, PyObject *argt)
 {
-    PyObject *v;
-    if (it->src == SRC_OUT)
-        v = slot_get(out, it->key, &it->hint);
-    else if (PyTuple_CheckExact(args) && it->index < PyTuple_GET_SIZE(args))
-        v = Py_NewRef(PyTuple_GET_ITEM(args, it->index));
-    else
-        v = PyObject_GetItem(args, it->key); /* ``args[i]``, its errors */
+    PyObject *v = it->src == SRC_OUT ? slot_get(out, it->key, &it->hint)
+                                     : arg_value(it, argv, argc, argt);
     if (v == NULL || it->how == AS_IS)
         return v;
     PyObject *r = NULL;
@@ -511,28 +538,29 @@ get_value(const Item *it, PyObject *const *vals)
     return Py_NewRef(v != NULL ? v : it->dflt);
 }
 
+/* The builder's call with the op's arguments as the vector ``argv`` (``argc`` of them; then
+   ``argt`` is NULL) or as the object ``argt`` it was called with. */
 static PyObject *
-fields_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+fields_build(Fields *F, PyObject *cache, PyObject *out, PyObject *const *argv,
+             Py_ssize_t argc, PyObject *argt)
 {
-    Fields *F = (Fields *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_Format(PyExc_TypeError, "Fields takes (cache, out, args), got %zd positional "
-                     "and %zd keyword arguments", nargs,
-                     kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : (Py_ssize_t)0);
-        return NULL;
-    }
     if (F->spec == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Fields: called after the collector cleared it");
         return NULL;
     }
-    PyObject *out = args[1];
     if (F->type != NULL && (PyObject *)Py_TYPE(out) != F->type) {
-        if (F->fallback != NULL)
-            return PyObject_Vectorcall(F->fallback, args, 3, NULL);
-        PyErr_Format(PyExc_TypeError, "Fields: expected a result of type %s, got %s",
-                     ((PyTypeObject *)F->type)->tp_name, Py_TYPE(out)->tp_name);
-        return NULL;
+        if (F->fallback == NULL) {
+            PyErr_Format(PyExc_TypeError, "Fields: expected a result of type %s, got %s",
+                         ((PyTypeObject *)F->type)->tp_name, Py_TYPE(out)->tp_name);
+            return NULL;
+        }
+        PyObject *t = argt != NULL ? Py_NewRef(argt) : tuple_of(argv, argc), *r = NULL;
+        if (t != NULL) {
+            PyObject *fargs[3] = {cache, out, t};
+            r = PyObject_Vectorcall(F->fallback, fargs, 3, NULL);
+            Py_DECREF(t);
+        }
+        return r;
     }
     /* Filled in place, off the collector's lists meanwhile: a getattr or a __bool__ may run
        Python code, which could otherwise find the half-filled tuple (``gc.get_objects()``); a
@@ -542,12 +570,13 @@ fields_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject
     if (t == NULL)
         return NULL;
     PyObject_GC_UnTrack(t);
-    PyObject **vals = ((PyTupleObject *)t)->ob_item, *argt = args[2];
+    PyObject **vals = ((PyTupleObject *)t)->ob_item;
     Item *items = F->items;
     const Py_ssize_t n = F->n;
     Py_ssize_t i;
     for (i = 0; i < n; i++)
-        if (items[i].src != SRC_GET && (vals[i] = item_value(&items[i], out, argt)) == NULL)
+        if (items[i].src != SRC_GET
+            && (vals[i] = item_value(&items[i], out, argv, argc, argt)) == NULL)
             goto fail;
     for (i = 0; F->gets && i < n; i++)
         if (items[i].src == SRC_GET && (vals[i] = get_value(&items[i], vals)) == NULL)
@@ -558,6 +587,39 @@ fail:
     Py_DECREF(t);
     return NULL;
 }
+
+static PyObject *
+fields_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "Fields takes (cache, out, args), got %zd positional "
+                     "and %zd keyword arguments", nargs,
+                     kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : (Py_ssize_t)0);
+        return NULL;
+    }
+    return fields_build((Fields *)self, args[0], args[1], NULL, 0, args[2]);
+}
+
+static PyTypeObject FieldsType;
+
+/* The ledger's entry (cache/_builders.h): the call with the arguments as a vector. */
+static PyObject *
+fields_build_api(PyObject *self, PyObject *cache, PyObject *out, PyObject *const *args,
+                 Py_ssize_t n)
+{
+    if (Py_TYPE(self) == &FieldsType)
+        return fields_build((Fields *)self, cache, out, args, n, NULL);
+    /* another type that carries the capsule (copied onto it): the call itself */
+    PyObject *t = tuple_of(args, n), *r = NULL;
+    if (t != NULL) {
+        r = PyObject_CallFunctionObjArgs(self, cache, out, t, NULL);
+        Py_DECREF(t);
+    }
+    return r;
+}
+
+static const rs_builder_api BUILDER_API = {RS_BUILDERS_VERSION, fields_build_api};
 
 /* An error about ``spec[i]``, naming it. */
 static int
@@ -793,6 +855,15 @@ PyInit__native(void)
 {
     if (PyType_Ready(&FieldsType) < 0)
         return NULL;
+    /* the ledger's entry, on the type (cache/_builders.h) */
+    PyObject *cap = PyCapsule_New((void *)&BUILDER_API, RS_BUILDERS_CAPSULE, NULL);
+    if (cap == NULL)
+        return NULL;
+    int r = PyDict_SetItemString(FieldsType.tp_dict, RS_BUILDERS_ATTR, cap);
+    Py_DECREF(cap);
+    if (r < 0)
+        return NULL;
+    PyType_Modified(&FieldsType);
     PyObject *m = PyModule_Create(&native_module);
     if (m != NULL && (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) < 0
                       || PyModule_AddObject(m, "Fields", Py_NewRef(&FieldsType)) < 0)) {

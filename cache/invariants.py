@@ -255,6 +255,10 @@ class Invariants:
         alloc = self.pool(ci, tier).alloc
         tn = TIER_LABELS[tier]
         held = self.request_held[ci][tier]
+        if alloc.available != alloc._top * alloc.page_size:  # kept beside the free stack's top
+            v.append((f"{comp.name}.{tn}.available", None,
+                      f"available {alloc.available} != {alloc._top} free pages x page size "
+                      f"{alloc.page_size}"))
         total = alloc.available + self.evictable[ci][tier] + self.protected[ci][tier] + held
         if total != alloc.capacity:
             v.append((f"{comp.name}.{tn}.conservation", None,

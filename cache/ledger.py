@@ -27,9 +27,11 @@ an ``Exception`` (the op runs and its result stands; a ``BaseException`` such as
 ``KeyboardInterrupt`` propagates). The callbacks run with the error as the exception being
 handled, as in an ``except`` block.
 
-``cache/_ledger.c`` is the same in C: a recorded op's bookkeeping costs about half as much
-(0.28 us against 0.54 timed alone, attribute builder and recorder included); ``m`` differs
-little (a call and a tuple either way). The class below runs where the module was not built or
+``cache/_ledger.c`` is the same in C: an attribute builder whose type offers the C entry of
+``cache/_builders.h`` (``native.Fields``) is called through it, with the op's arguments as the
+ledger holds them (the same result as the call with their tuple, no tuple made); a recorded
+op's bookkeeping costs about half as much (0.28 us against 0.54 timed alone, attribute builder
+and recorder included); ``m`` differs little (a call and a tuple either way). The class below runs where the module was not built or
 ``RADIXSCOPE_NATIVE=0`` is set (``LEDGER`` says which); tests/cache/test_ledger.py holds the
 two to one behaviour.
 

@@ -52,15 +52,11 @@ class SlotAllocator:
         dt = np.int32 if self.num_pages < 2**31 else np.int64
         self._stack = np.arange(self.num_pages - 1, -1, -1, dtype=dt)
         self._top = self.num_pages
+        self.available = slots  # free slots: ``_top * page_size``, kept with ``_top``
         self._used = np.zeros(self.num_pages, dtype=np.uint8)
         self._tree = np.zeros(self.num_pages, dtype=np.uint8)  # 1: a tree node holds the page
         self._seen = np.zeros(-(-self.num_pages // 8), dtype=np.uint8)  # check_split's scratch
         self._offsets = np.arange(page_size, dtype=np.int64)
-
-    @property
-    def available(self) -> int:
-        """Free slots."""
-        return self._top * self.page_size
 
     def used_slots(self) -> int:
         return (self.num_pages - self._top) * self.page_size
@@ -82,6 +78,7 @@ class SlotAllocator:
             raise RuntimeError(f"{self.name}: double alloc of page {bad}: the free stack holds a "
                                "page in use or out of range (allocator corrupted)")
         self._top = top - k
+        self.available = (top - k) * self.page_size
         if self.page_size == 1:
             return torch.from_numpy(picked)
         return torch.from_numpy((picked[:, None] * self.page_size + self._offsets).reshape(-1))
@@ -251,6 +248,7 @@ class SlotAllocator:
             raise ValueError(f"{self.name}: freeing {pages.size} page(s) out of range or past the "
                              f"pool's {self.num_pages} (allocator corrupted)")
         self._top = top
+        self.available = top * self.page_size
         return pages.size * self.page_size
 
 

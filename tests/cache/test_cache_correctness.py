@@ -101,6 +101,18 @@ def test_check_flags_pins_held_for_a_transfer_that_can_no_longer_be_acked():
     assert {"transfer.unackable", "transfer.stranded_pin"} <= names
 
 
+def test_check_flags_a_free_count_that_left_the_free_stack():
+    """A pool's ``available`` is a plain attribute kept beside its free stack's top (a read on
+    every alloc, free and pool record): ``check()`` holds the two together."""
+    c, _ = _with_backup()
+    assert c.violations() == []
+    alloc = c.device_pools[0].alloc
+    alloc.available += 1
+    assert [(n, d) for n, _i, d in c.violations() if n == "full.device.available"] == [
+        ("full.device.available", f"available {alloc.available} != {alloc._top} free pages x "
+         f"page size {alloc.page_size}")]
+
+
 def _cache():
     c = HiRadixCache(make_config(("full",), device_tokens=32, host_tokens=64))
     r = Driver(c).insert([1, 2, 3, 4])

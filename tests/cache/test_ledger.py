@@ -14,7 +14,7 @@ import weakref
 
 import pytest
 
-from radixscope.cache import HiRadixCache, ledger, recording
+from radixscope.cache import HiRadixCache, ledger, native, recording
 from radixscope.cache.events import FlightRecorder
 from tests.kits.cachekit import COMBO_IDS, COMBOS, make_config, random_session
 from tests.kits.require import missing, pass_without_native
@@ -504,6 +504,63 @@ def test_the_record_closes_with_the_seq_reached_after_the_attributes(impl) -> No
                                                                               None) or ()})
     led.run("op", None, lambda: led.m("k", 1, None, None, None))
     assert records[0][0][6:8] == (1, 2)
+
+
+class Out:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+
+def test_a_native_builder_gets_the_ops_arguments_as_a_python_call_would(impl) -> None:
+    """The native ledger calls a ``native.Fields`` through its C entry with the op's arguments
+    as it has them (cache/_builders.h): the same attributes and the same errors as the call
+    with their tuple, fallback included, with other builders' types in between."""
+    spec = ((native.OUT, "a"), (native.ARG, 1), (native.ARG, 0, native.OR_NONE),
+            (native.OUT, "b", native.LEN))
+    fallback = []
+
+    def other(cache, out, args):
+        fallback.append(args)
+        return ("other", type(args), args)
+
+    fields = native.Fields(spec, type=Out, fallback=other)
+    past = native.Fields(((native.ARG, 3),))
+    attrs = {"op": fields, "plain": lambda cache, out, args: ("plain", args), "past": past}
+    led, owner, records = make(impl, attrs=attrs)
+    args = (0, "second", [7])
+    for op, fn in (("op", lambda *a: Out("x", a)), ("plain", lambda *a: 1),
+                   ("op", lambda *a: "not an Out"), ("op", lambda *a: Out(None, ())),
+                   ("past", lambda *a: 2)):
+        led.run(op, None, fn, *args)
+    got = [r[0][8] for r in records]
+    assert got[:4] == [("x", "second", None, 3), ("plain", args),
+                       ("other", tuple, args), (None, "second", None, 0)]
+    assert got[0] == fields(owner, Out("x", args), args) and fallback == [args]
+    assert got[4] == {}  # args[3] of three: the builder's failure, as the call's
+    with pytest.raises(IndexError) as direct:
+        past(owner, None, args)
+    (name, op, error), = owner.calls
+    assert (name, op, type(error), str(error)) == ("_recorder_failed", "past", IndexError,
+                                                   str(direct.value))
+
+
+def test_a_type_that_copied_the_native_builders_capsule_is_called_as_itself(impl) -> None:
+    """The capsule on another type (copied there) does not make the ledger treat its objects
+    as ``Fields``: they are called with the tuple, as any builder."""
+    if native.KERNELS != "native":
+        missing("native", "the native kernels were not built")
+
+    class Impostor:
+        _radixscope_builder_api = native.Fields._radixscope_builder_api
+
+        def __call__(self, cache, out, args):
+            return ("impostor", out, args)
+
+    led, _, records = make(impl, attrs={"op": Impostor()})
+    led.run("op", None, lambda *a: "out", 1, 2)
+    assert records[0][0][8] == ("impostor", "out", (1, 2))
 
 
 @pytest.mark.parametrize("where", ["attrs", "record", "context"])

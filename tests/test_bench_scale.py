@@ -1,0 +1,72 @@
+"""bench/bench_scale.py's method (issue 17): the telemetry pipeline is waited for between batches,
+so its backlog is not charged to the next cache's batch; the writer can be paused for a batch;
+a control cache shows what the method reads where there is no cost. Tiny runs, real telemetry
+(writer process, SQLite store)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_scale as bs  # noqa: E402
+
+
+def _stored_ops(store: str) -> int:
+    con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT count(*) FROM ops").fetchone()[0])
+    finally:
+        con.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_resumes(tmp_path):
+    """Every cache call is one op in the store: after the fill and after a quiesced batch the
+    store holds them all (nothing left to run on into the next batch); a batch run with
+    ``quiesce=False`` leaves its backlog, which ``quiesce`` then drains. A paused writer is
+    stopped while its batch runs and running again after."""
+    r = bs.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
+    writer = r.tel.pipeline.transport.process
+    try:
+        assert _stored_ops(r.store) == r.ops  # the fill's records, all stored
+        seen = []
+        real = r._timed_batch
+
+        def timed(requests):
+            seen.append(_stopped(writer.pid))
+            real(requests)
+
+        r._timed_batch = timed
+        r.batch(20, pause_writer=True)
+        assert seen == [True] and not _stopped(writer.pid)
+        assert _stored_ops(r.store) == r.ops
+        os.kill(writer.pid, signal.SIGSTOP)  # (so no drain can store the backlog meanwhile)
+        r.batch(20, quiesce=False)
+        assert seen == [True, True] and _stored_ops(r.store) < r.ops
+        os.kill(writer.pid, signal.SIGCONT)
+        r.quiesce()
+        assert _stored_ops(r.store) == r.ops
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+        r.close()
+
+
+def test_the_bench_prints_the_control_and_flags_a_paused_writer():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_scale.py"), "--scale", "1k", "--requests", "30",
+         "--reps", "2", "--control", "--pause-writer"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "control's cost" in out.stdout and "telemetry's cost in ops/s" in out.stdout
+    assert "the telemetry row above is not the target's measure" in out.stdout
