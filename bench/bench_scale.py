@@ -280,6 +280,24 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def stop_process(pid: int, timeout_s: float = 2.0) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (a signal is delivered when the process
+    next runs: the batch after must not start with it still working)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while process_state(pid) not in ("T", "t", None) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def process_state(pid: int) -> str | None:
+    """``pid``'s state letter in ``/proc`` (``T``: stopped), or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 class Run:
     """One cache (baseline or full telemetry), filled to its resident size."""
 
@@ -367,7 +385,7 @@ class Run:
         full): what telemetry costs less what its writer's work on the machine costs."""
         writer = self.tel.pipeline.transport.process if pause_writer and self.tel else None
         if writer is not None:
-            os.kill(writer.pid, signal.SIGSTOP)
+            stop_process(writer.pid)
         try:
             self._timed_batch(requests)
         finally:

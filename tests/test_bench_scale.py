@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -27,8 +28,7 @@ def _stored_ops(store: str) -> int:
 
 
 def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    return bs.process_state(pid) == "T"
 
 
 def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_resumes(tmp_path):
@@ -49,9 +49,13 @@ def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_re
 
         r._timed_batch = timed
         r.batch(20, pause_writer=True)
-        assert seen == [True] and not _stopped(writer.pid)
+        assert seen == [True]
+        deadline = time.monotonic() + 5
+        while _stopped(writer.pid) and time.monotonic() < deadline:  # (SIGCONT lands async)
+            time.sleep(0.001)
+        assert not _stopped(writer.pid)
         assert _stored_ops(r.store) == r.ops
-        os.kill(writer.pid, signal.SIGSTOP)  # (so no drain can store the backlog meanwhile)
+        bs.stop_process(writer.pid)  # (so no drain can store the backlog meanwhile)
         r.batch(20, quiesce=False)
         assert seen == [True, True] and _stored_ops(r.store) < r.ops
         os.kill(writer.pid, signal.SIGCONT)
