@@ -19,17 +19,18 @@ Reported per op (each cache call timed on its own; an auxiliary component's evic
 (match + insert + lock + unlock) median and p99; req/s; ops/s (match + insert + evict calls per
 second of their own time, as issue 17's table, from each cache's best batch) and telemetry's cost
 in it batch pair by batch pair (batch i of both caches: the same requests, run back to back) with
-their median, the figure the target is judged on; process memory per resident token beyond the KV
-buffers (RSS delta of building and filling the baseline cache, minus the KV buffers' bytes, divided
-by the tokens resident); store bytes per op (the store's pages after ``close()`` over every cache
-call of the run, fill included) and ``close()`` time; FULL evict calls by the tokens they were
-asked for and the nodes they removed (tombstone ancestors among them), and the cost per node
-removed; match calls by the depth of the device path they walked (a line through each depth's
-median, and the worst p99/median within one depth: the tail that is not the workload's spread of
-path lengths); the garbage collector: the objects it tracks per node (added by building and filling
-each cache), its collections during the batches (how many, the longest, their time per request: the
-process's, both caches' objects scanned by each) and a full collection's time with every cache
-resident; last, issue 17's targets that one run can judge, each ``met`` or ``NOT met``.
+their median with a 95 % interval (``scale_stats.median_ci``), the figure the target is judged on:
+met when the interval is below 5 %, NOT met when above, unsure when it spans it; process memory per
+resident token beyond the KV buffers (RSS delta of building and filling the baseline cache, minus
+the KV buffers' bytes, divided by the tokens resident); store bytes per op (the store's pages after
+``close()`` over every cache call of the run, fill included) and ``close()`` time; FULL evict calls
+by the tokens they were asked for and the nodes they removed (tombstone ancestors among them), and
+the cost per node removed; match calls by the depth of the device path they walked (a line through
+each depth's median, and the worst p99/median within one depth: the tail that is not the workload's
+spread of path lengths); the garbage collector: the objects it tracks per node (added by building
+and filling each cache), its collections during the batches (how many, the longest, their time per
+request: the process's, both caches' objects scanned by each) and a full collection's time with
+every cache resident; last, issue 17's targets that one run can judge, each ``met`` or ``NOT met``.
 ``bench_record_cost.py`` splits telemetry's cost into its steps. ``--kernels`` also times every
 call of the native kernels the pools make (``check_split``, ``alloc_pages``, ``free_pages``; wall
 clock, inside the ops, so the ops' own figures then carry the timer's cost too): per call median /
@@ -67,6 +68,7 @@ from scale_stats import (  # noqa: E402
     NOT_OPS,
     OPS,
     by_depth,
+    median_line,
     ops_in,
     paired_costs,
     print_targets,
@@ -534,12 +536,12 @@ def main() -> None:
         costs = paired_costs(runs[0].batches, runs[1].batches)
         print("  telemetry's cost in ops/s, batch pair by batch pair: "
               + " ".join(f"{c * 100:.1f}" for c in costs)
-              + f" % (median {statistics.median(costs) * 100:.1f} %)")
+              + f" % ({median_line(costs)})")
     if args.control:
         costs = paired_costs(runs[0].batches, runs[-1].batches)
         print("  control's cost (a second cache without a recorder: the method's own noise and "
               "bias), batch pair by batch pair: " + " ".join(f"{c * 100:.1f}" for c in costs)
-              + f" % (median {statistics.median(costs) * 100:.1f} %)")
+              + f" % ({median_line(costs)})")
     for r, s in zip(runs, sums, strict=True):
         if "victims" in s:
             print(f"  {r.label} FULL evict: tokens asked per call median {s['asked'][0]:.0f} / "

@@ -3,6 +3,7 @@ depth, and issue 17's targets that one run can judge."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
@@ -25,13 +26,40 @@ def timed_ops_s(batch: dict) -> float:
     return (2 * batch["n"] + sum(len(batch[op]) for op in evicts)) / timed
 
 
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of ``values``: the k-th
+    smallest and k-th largest, k the largest for which the two tails of Binomial(n, 1/2) below
+    k hold at most ``1 - level`` between them (n = 12 pairs: the 3rd and 10th, 96 %). With too
+    few values for ``level`` (n < 6 at 95 %): their min and max."""
+    v = sorted(values)
+    n = len(v)
+    if not n:
+        raise ValueError("median_ci: no values")
+    k, tail = 0, 0.0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2 ** n  # P(X = k), X ~ Binomial(n, 1/2)
+        if 2 * tail > 1 - level:
+            break
+        k += 1
+    k = max(k, 1)
+    return v[k - 1], v[n - k]
+
+
+def median_line(costs: list[float]) -> str:
+    """``median X %, 95 % interval A-B %`` of the pair costs."""
+    lo, hi = median_ci(costs)
+    return (f"median {statistics.median(costs) * 100:.1f} %, 95 % interval {lo * 100:.1f}-"
+            f"{hi * 100:.1f} %")
+
+
 def paired_costs(base: list[dict], tel: list[dict]) -> list[float]:
     """Telemetry's cost in ops/s, batch pair by batch pair: ``1 - ops/s(telemetry) / ops/s
     (baseline)`` for the i-th batch of each. The two caches run the same requests in the same
     order, batch i of one right after batch i of the other, so a slow spell of the machine
     falls on both of a pair more often than on the best batch of each (the ratio of best
     batches, on this project's noisy 2-core machines, read 4.6 % and 16.1 % in two runs of the
-    same hot path at 100 k nodes); their median is what the target is judged on."""
+    same hot path at 100 k nodes); their median, with ``median_ci``'s interval, is what the
+    target is judged on."""
     return [1 - timed_ops_s(t) / timed_ops_s(b) for b, t in zip(base, tel, strict=True)]
 
 
@@ -73,10 +101,17 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float])
                      t["request"][0] <= 85))
         costs = paired_costs(runs[0].batches, runs[1].batches)
         cost = statistics.median(costs)
+        lo, hi = median_ci(costs)
+        # judged on the interval: one run's median moves by points with the machine's noise
         rows.append(("telemetry costs <= 5 % of ops/s (median of the batch pairs)",
-                     f"{cost * 100:.1f} % (pairs {min(costs) * 100:.1f}-{max(costs) * 100:.1f} %, "
-                     f"best batches {(1 - t['ops_s'] / b['ops_s']) * 100:.1f} %)", cost <= 0.05))
+                     f"{cost * 100:.1f} % (95 % interval {lo * 100:.1f}-{hi * 100:.1f} %, pairs "
+                     f"{min(costs) * 100:.1f}-{max(costs) * 100:.1f} %, best batches "
+                     f"{(1 - t['ops_s'] / b['ops_s']) * 100:.1f} %)",
+                     True if hi <= 0.05 else False if lo > 0.05 else None))
         rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
-    print("  issue 17 targets:")
+    print("  issue 17 targets (unsure: the figure's 95 % interval spans the target):")
     for what, value, ok in rows:
-        print(f"    {'met    ' if ok else 'NOT met'}  {what}: {value}")
+        print(f"    {VERDICTS[ok]}  {what}: {value}")
+
+
+VERDICTS = {True: "met    ", False: "NOT met", None: "unsure "}

@@ -74,3 +74,17 @@ def test_the_bench_prints_the_control_and_flags_a_paused_writer():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "control's cost" in out.stdout and "telemetry's cost in ops/s" in out.stdout
     assert "the telemetry row above is not the target's measure" in out.stdout
+
+
+def test_the_medians_interval_is_the_binomial_one():
+    """The telemetry target is judged on a 95 % interval for the median of the batch pairs:
+    the order statistics the binomial tables give (n = 12: the 3rd and 10th; 24: 7th and 18th;
+    60: 22nd and 39th), min and max where n is too small for 95 %."""
+    from scale_stats import median_ci
+
+    for n, ranks in ((12, (3, 10)), (24, (7, 18)), (60, (22, 39)), (5, (1, 5)), (6, (1, 6)),
+                     (1, (1, 1))):
+        values = [float(i) for i in range(n, 0, -1)]  # given in any order
+        assert median_ci(values) == ranks, n
+    lo, hi = median_ci([0.01] * 11 + [0.3])  # an outlier pair moves neither end
+    assert (lo, hi) == (0.01, 0.01)
