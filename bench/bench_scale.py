@@ -30,11 +30,12 @@ each depth's median, and the worst p99/median within one depth: the tail that is
 spread of path lengths); the garbage collector: the objects it tracks per node (added by building
 and filling each cache), its collections during the batches (how many, the longest, their time per
 request: the process's, both caches' objects scanned by each) and a full collection's time with
-every cache resident; last, issue 17's targets that one run can judge, each ``met`` or ``NOT met``.
-``bench_record_cost.py`` splits telemetry's cost into its steps. ``--kernels`` also times every
-call of the native kernels the pools make (``check_split``, ``alloc_pages``, ``free_pages``; wall
-clock, inside the ops, so the ops' own figures then carry the timer's cost too): per call median /
-p99 and per request, the C part of a request in place, where its bitmaps may be cold.
+every cache resident; last, issue 17's targets that one run can judge, each ``met``, ``NOT met`` or
+``unsure``. ``bench_record_cost.py`` splits telemetry's cost into its steps. ``--kernels`` also
+times every call of the native kernels the pools make (``check_split``, ``alloc_pages``,
+``free_pages``; wall clock, inside the ops, so the ops' own figures then carry the timer's cost
+too): per call median / p99 and per request, the C part of a request in place, where its bitmaps
+may be cold.
 
     python bench/bench_scale.py --scale 1k
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
