@@ -954,6 +954,9 @@ contents(Sink *s)
     return out;
 }
 
+/* A buffer grown past this by a burst is given back, not kept (see ``take_batch``). */
+#define BURST_CAP ((Py_ssize_t)1 << 24)
+
 /* Empty the buffer of its whole records: a record being written moves to its start. */
 static void
 forget_records(Sink *s)
@@ -963,7 +966,7 @@ forget_records(Sink *s)
     s->out.len -= s->done;
     s->done = 0;
     s->n = 0;
-    if (s->out.len == 0 && s->out.cap > (1 << 24)) { /* a burst grew it: give the memory back */
+    if (s->out.len == 0 && s->out.cap > BURST_CAP) { /* a burst grew it: give the memory back */
         PyMem_Free(s->out.buf);
         s->out.buf = NULL;
         s->out.cap = 0;
@@ -987,7 +990,14 @@ sink_take(PyObject *self, PyObject *Py_UNUSED(unused))
    (the buffer the previous batch was copied from, whose pages stay mapped), and the records
    are copied from the buffer they are in with the GIL released, the cache's thread recording
    meanwhile. Small batches, a take already copying (another thread's) and a spare that cannot
-   be made copy in place, holding the GIL. */
+   be made copy in place, holding the GIL.
+
+   A burst (the drain thread blocked while the cache recorded on) can grow the buffer past
+   ``BURST_CAP``; it is not kept as a spare, and the buffer the sink swaps to is made no larger
+   than ``BURST_CAP``: sized after the burst's buffer instead, each take freed that one and made
+   another (64 MB at 100 k nodes, mapped anew by glibc every time), so after one burst every batch
+   wrote its records into fresh pages for the rest of the run: ~1,300 page faults on the cache's
+   thread a 1,500-request batch where ~100 is the norm, and a few points of ops/s (issue 17). */
 #define SWAP_MIN (64 * 1024)
 
 static PyObject *
@@ -1007,13 +1017,15 @@ sink_take_batch(PyObject *self, PyObject *Py_UNUSED(unused))
     for (int i = 0; i < 4; i++)
         p[1 + i] = (unsigned char)(((uint32_t)n >> (8 * i)) & 0xff);
     char *next = NULL;
-    Py_ssize_t next_cap = s->out.cap;
+    Py_ssize_t next_cap = s->out.cap < BURST_CAP ? s->out.cap : BURST_CAP;
+    if (next_cap < tail)
+        next_cap = tail;
     if (done >= SWAP_MIN && !s->taking) {
-        if (s->spare != NULL && s->spare_cap >= s->out.cap) {
+        if (s->spare != NULL && s->spare_cap >= next_cap) {
             next = s->spare;
             next_cap = s->spare_cap;
         }
-        else if ((next = PyMem_Malloc((size_t)s->out.cap)) != NULL)
+        else if ((next = PyMem_Malloc((size_t)next_cap)) != NULL)
             PyMem_Free(s->spare); /* too small for this buffer's records, if any */
         if (next != NULL) {
             s->spare = NULL;
@@ -1040,7 +1052,7 @@ sink_take_batch(PyObject *self, PyObject *Py_UNUSED(unused))
     memcpy(p + 5, full, (size_t)done);
     Py_END_ALLOW_THREADS
     s->taking = 0;
-    if (full_cap > (1 << 24) || s->spare != NULL) /* a burst grew it (or a spare was made) */
+    if (full_cap > BURST_CAP || s->spare != NULL) /* a burst grew it (or a spare was made) */
         PyMem_Free(full);
     else {
         s->spare = full;
@@ -1192,11 +1204,20 @@ sink_get_seq(PyObject *self, void *Py_UNUSED(closure))
     return PyLong_FromLongLong(((Sink *)self)->recorded_seq);
 }
 
+static PyObject *
+sink_get_capacity(PyObject *self, void *Py_UNUSED(closure))
+{
+    Sink *s = (Sink *)self;
+    return Py_BuildValue("(nn)", s->out.cap, s->spare == NULL ? (Py_ssize_t)0 : s->spare_cap);
+}
+
 static PyGetSetDef sink_getset[] = {
     {"limit", sink_get_limit, sink_set_limit,
      "records the buffer may hold before a call goes to ``full`` (clamped to 0..maxsize)", NULL},
     {"n", sink_get_n, NULL, "records in the buffer", NULL},
     {"nbytes", sink_get_nbytes, NULL, "bytes in the buffer", NULL},
+    {"capacity", sink_get_capacity, NULL,
+     "``(buffer, spare)``: the bytes allocated for the buffer and for its spare (0: none)", NULL},
     {"recorded_seq", sink_get_seq, NULL, "seq_last of the newest op handed to the sink (-1)",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},

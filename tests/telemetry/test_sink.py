@@ -291,6 +291,40 @@ def test_take_batch_of_big_batches_swaps_buffers_and_loses_no_record() -> None:
         assert decode(blob) == [compact(op, m) for op, m in ops]
 
 
+def test_after_a_burst_take_batch_swaps_between_two_buffers_of_at_most_16_mb() -> None:
+    """A burst (the drain thread blocked while the cache recorded on) grows the buffer past
+    16 MB. The buffer a take swaps to is no bigger than 16 MB and the burst's is not kept, so
+    from the next take on the sink swaps between the same two buffers, whose pages stay mapped.
+    It used to size each new buffer after the burst's and free the last: a new 32 MB buffer per
+    take for the rest of the run, its pages faulted in anew by the cache's thread (issue 17)."""
+    needs_native()
+    calls = Calls()
+    s = calls.sink()
+    big = (1, None, b"k" * 4000)
+    i = 0
+
+    def record(k: int) -> None:
+        nonlocal i
+        for _ in range(k):
+            s(op_tuple(i), [(i, i, "node.create", i, None, None, big)])
+            i += 1
+
+    record(5_000)  # ~20 MB: the burst
+    assert s.capacity[0] > 1 << 24
+    n, blob = s.take_batch()
+    assert n == 5_000 and len(decode(blob)) == 5_000
+    assert s.capacity[0] <= 1 << 24 and s.capacity[1] == 0  # the burst's buffer is given back
+    seen = []
+    for _ in range(4):
+        record(200)  # ~800 KB: a normal batch
+        first = i - 200
+        n, blob = s.take_batch()
+        assert n == 200 and [r[0] for r in decode(blob)] == list(range(first, i))
+        seen.append(s.capacity)
+    assert all(0 < c <= 1 << 24 for cap in seen for c in cap), seen
+    assert len({tuple(sorted(cap)) for cap in seen}) == 1, seen  # the same two buffers
+
+
 def test_the_parent_is_looked_up_once_per_context_and_a_failed_lookup_goes_back() -> None:
     needs_native()
     calls = Calls()
