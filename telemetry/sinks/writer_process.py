@@ -171,9 +171,11 @@ def _serve(conn: Connection, acks: Connection, sink: Fanout) -> None:
 
 
 def _with_usage(stats: dict) -> dict:
-    """Add the writer's own CPU seconds (``stats["process"]["cpu_s"]``) for benchmarks."""
+    """Add the writer's own CPU seconds and its garbage collector's collections by generation
+    (``stats["process"]``: ``cpu_s``, ``gc_collections``) for benchmarks."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return {**stats, "process": {"cpu_s": ru.ru_utime + ru.ru_stime}}
+    return {**stats, "process": {"cpu_s": ru.ru_utime + ru.ru_stime,
+                                 "gc_collections": [g["collections"] for g in gc.get_stats()]}}
 
 
 def _is_data(batch: list[tuple]) -> bool:
