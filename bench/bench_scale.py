@@ -402,6 +402,13 @@ class Run:
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
         t = {k: [] for k in (*OPS, *NOT_OPS)}
         ops = 0
+        # Every batch starts with the young generations empty, so the collections in it are
+        # the ones its own cache's allocations trigger. The collector is the process's: left
+        # alone, its counts carry over from the other cache's batch, and with a deterministic
+        # workload its generation-1 collections (4-7 ms at 100 k nodes) fell on the same
+        # cache's batches every time (the baseline's every other batch at 100 k), which read
+        # as telemetry costing about 10 points less in those pairs.
+        gc.collect(1)
         CURRENT[0] = self.label
         GC_PAUSES.on = True
         cpu0 = CLOCK()

@@ -88,3 +88,34 @@ def test_the_medians_interval_is_the_binomial_one():
         assert median_ci(values) == ranks, n
     lo, hi = median_ci([0.01] * 11 + [0.3])  # an outlier pair moves neither end
     assert (lo, hi) == (0.01, 0.01)
+
+
+def test_a_batch_starts_with_the_young_generations_empty(tmp_path, monkeypatch):
+    """The collector's counts are the process's. Objects the other cache's batch left in the
+    young generations must not trigger a collection inside this one (with a deterministic
+    workload, generation-1 collections fell on the baseline's every other batch at 100 k
+    nodes): at the batch's first request, neither young generation holds them."""
+    import gc
+
+    r = bs.Run("baseline", 1000, ("full",), False, str(tmp_path), False)
+    before = gc.get_threshold()
+    keep: list = []
+    counts: list = []
+    real = bs.one_request
+
+    def first(*args):
+        if not counts:
+            counts.append(gc.get_count())
+        return real(*args)
+
+    monkeypatch.setattr(bs, "one_request", first)
+    try:
+        gc.set_threshold(1_000_000, 1_000, 1_000)
+        gc.collect()
+        keep.extend([] for _ in range(20_000))  # what the other cache's batch left
+        assert gc.get_count()[0] >= 20_000
+        r.batch(3)
+        assert counts and counts[0][0] < 1_000 and counts[0][1] == 0, counts
+    finally:
+        gc.set_threshold(*before)
+        keep.clear()
