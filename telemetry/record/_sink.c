@@ -23,7 +23,8 @@ Everything but the common case goes back to Python, to the recorder's own method
 Nothing is written before ``parent_of`` returns, and a failed encode leaves the buffer as it was.
 The drain thread takes a batch with ``take_batch`` (the records as one marshal list): past
 64 KB the sink swaps to a spare buffer and the batch is copied with the GIL released (so the
-sink holds two buffers of a batch's size, both mapped; see ``sink_take_batch``).
+sink holds two buffers of a batch's size, both mapped, of at most 16 MB after a burst; see
+``sink_take_batch``; ``capacity`` gives their sizes).
 
 Python code can run while a record is half written (marshal's writer sorts a set's items, which
 may run a collection and so finalizers; on Python 3.12+ a buffer may be Python's): ``take`` and
@@ -49,7 +50,7 @@ the ledger, which then calls the sink with the objects. */
 
 #include "../../cache/_direct.h"
 
-#define SINK_ABI 2
+#define SINK_ABI 3
 #define MARSHAL_VERSION 2
 #define MAX_DEPTH 64 /* deeper values go to marshal's writer, which has its own limit */
 

@@ -13,15 +13,16 @@ copy, made with the GIL released) when every record is the sink's, else the part
 queueing the others' records, nor for the fresh memory a blob of megabytes is copied into (a join of
 4096 records on the cache's thread made two ~3 MB copies into new pages: up to 1,000 page faults, 12
 ms of one op's CPU time on this project's machines). The sink keeps its buffer from one batch to the
-next, so the pages it writes into stay mapped. Encoding as each op ends, rather than queueing the
-records' objects until a drain, is deliberate: ``bytes`` are invisible to the garbage collector,
-while thousands of queued tuples and lists make it run far more often on the cache's thread,
-including full whole-heap passes; the op's tuples die young. Encoding each record alone costs about
-its share of a batch (marshal version 2 has no back-references), and no op pays for encoding the
-records of others: a batch encoded at once (64 records, ~170 us on the issue-17 workload) was the
-p99 of every op with telemetry on. The pipeline's drain thread (``telemetry/record/drain.py``) ships
-the blobs in batches and keeps the last of them as the flight-recorder ring (``tail()`` decodes on
-demand). Side messages (host spans, events, violations) enter through ``submit``.
+next, so the pages it writes into stay mapped (a burst's, grown past 16 MB, is given back).
+Encoding as each op ends, rather than queueing the records' objects until a drain, is deliberate:
+``bytes`` are invisible to the garbage collector, while thousands of queued tuples and lists make it
+run far more often on the cache's thread, including full whole-heap passes; the op's tuples die
+young. Encoding each record alone costs about its share of a batch (marshal version 2 has no
+back-references), and no op pays for encoding the records of others: a batch encoded at once (64
+records, ~170 us on the issue-17 workload) was the p99 of every op with telemetry on. The pipeline's
+drain thread (``telemetry/record/drain.py``) ships the blobs in batches and keeps the last of them
+as the flight-recorder ring (``tail()`` decodes on demand). Side messages (host spans, events,
+violations) enter through ``submit``.
 
 Overflow: when ``queue_capacity`` records are buffered or pending, ``overflow="block"`` waits
 up to ``block_timeout_s`` for the drain thread to make room (keeping the journal lossless) and

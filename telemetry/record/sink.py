@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from radixscope.cache.native import load_built
 
-ABI = 2  # _sink.c's SINK_ABI: a build with another number is stale
+ABI = 3  # _sink.c's SINK_ABI: a build with another number is stale
 
 _sink = load_built("radixscope.telemetry.record._sink", ABI, "_sink.c",
                    "the recorder's Python encoder")
