@@ -73,6 +73,8 @@ def test_the_bench_prints_the_control_and_flags_a_paused_writer():
         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "control's cost" in out.stdout and "telemetry's cost in ops/s" in out.stdout
+    assert out.stdout.count("page faults of the cache's thread a batch: median") == 3
+    assert "telemetry's cost against the control" in out.stdout
     assert "the telemetry row above is not the target's measure" in out.stdout
 
 
