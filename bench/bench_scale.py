@@ -287,17 +287,23 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def thread_faults() -> int | None:
-    """Minor page faults of the calling thread so far (``/proc/thread-self/stat``), None where
-    the system has no such file. A cache whose batches fault far more than the baseline's is
-    writing into fresh memory each batch: how the recorder buffer left at a burst's size was
-    found (RESULTS.md, #17, twenty-fifth round)."""
+def proc_stat(path: str) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` file after the command name (the state letter
+    first), or None where there is no such file."""
     try:
-        with open("/proc/thread-self/stat") as f:
-            stat = f.read()
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[7])
+
+
+def thread_faults() -> int | None:
+    """Minor page faults of the calling thread so far, None where ``/proc`` has no such file.
+    A cache whose batches fault far more than the baseline's is writing into fresh memory each
+    batch: how the recorder buffer left at a burst's size was found (RESULTS.md, #17,
+    twenty-fifth round)."""
+    fields = proc_stat("/proc/thread-self/stat")
+    return None if fields is None else int(fields[7])
 
 
 def stop_process(pid: int, timeout_s: float = 2.0) -> None:
@@ -311,11 +317,8 @@ def stop_process(pid: int, timeout_s: float = 2.0) -> None:
 
 def process_state(pid: int) -> str | None:
     """``pid``'s state letter in ``/proc`` (``T``: stopped), or None where there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+    fields = proc_stat(f"/proc/{pid}/stat")
+    return None if fields is None else fields[0]
 
 
 class Run:
@@ -570,10 +573,10 @@ def main() -> None:
               + " ".join(f"{c * 100:.1f}" for c in costs)
               + f" % ({median_line(costs)})")
     if args.control:
-        costs = paired_costs(runs[0].batches, runs[-1].batches)
+        control = paired_costs(runs[0].batches, runs[-1].batches)
         print("  control's cost (a second cache without a recorder: the method's own noise and "
-              "bias), batch pair by batch pair: " + " ".join(f"{c * 100:.1f}" for c in costs)
-              + f" % ({median_line(costs)})")
+              "bias), batch pair by batch pair: " + " ".join(f"{c * 100:.1f}" for c in control)
+              + f" % ({median_line(control)})")
         if not args.no_telemetry:
             # The baseline is built first, the control last. At ~100 k nodes the two disagreed
             # by 4-8 % in most runs, a build-order bias not yet explained (RESULTS.md, #17,
@@ -582,7 +585,7 @@ def main() -> None:
             costs = paired_costs(runs[-1].batches, runs[1].batches)
             print("  telemetry's cost against the control, batch pair by batch pair: "
                   + " ".join(f"{c * 100:.1f}" for c in costs) + f" % ({median_line(costs)})")
-            if abs(statistics.median(paired_costs(runs[0].batches, runs[-1].batches))) > 0.02:
+            if abs(statistics.median(control)) > 0.02:
                 print("  (the control is more than 2 % off the baseline: the method's bias is "
                       "of the target's size; read telemetry against both)")
     for r, s in zip(runs, sums, strict=True):
