@@ -1,6 +1,6 @@
 """Where full telemetry's cost on the hot path goes (issue 17), in one process.
 
-Four to seven caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
+Five to eight caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
 page size 1), interleaved batch by batch, each a step further along the record path:
 
 - ``baseline``: no recorder;
@@ -14,11 +14,15 @@ page size 1), interleaved batch by batch, each a step further along the record p
   ``marshal.dumps`` and one append per record), for comparison;
 - ``baseline (py)`` and ``cache side (py)``, where the native ledger is built: the first two on
   the Python ledger (``cache.ledger.PyLedger``), for comparison;
+- ``drain``: a ``TelemetryRecorder`` with its drain thread (``telemetry.record.drain.Pipeline``)
+  shipping to a transport that drops what it is sent: the drain thread's work in the cache's
+  process, with no writer process beside it;
 - ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
 
 Printed: each cache's per-op medians (CPU time of the calling thread, us) and ops/s (as
 ``bench_scale.py`` counts them: match, insert and evict, best batch) with its ratio to the
-baseline's, then each step's
+baseline's and its cost in ops/s as ``bench_scale.py`` judges telemetry's (the median of the batch
+pairs), then each step's
 added cost per op and per request (match + insert + lock + unlock, as issue 17 counts it), and
 each step's share of the baseline's request. The steps are differences of medians on a noisy
 machine: read them to about a microsecond.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -40,17 +45,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from bench_scale import SCALES, Run, parse_workload, workload_args  # noqa: E402
-from scale_stats import ops_in  # noqa: E402
+from scale_stats import ops_in, paired_costs  # noqa: E402
 
 from radixscope.cache import native, recording  # noqa: E402
 from radixscope.cache.events import Recorder  # noqa: E402
 from radixscope.cache.ledger import LEDGER, PyLedger  # noqa: E402
+from radixscope.telemetry.record.drain import Pipeline  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
 from radixscope.telemetry.record.sink import ENCODER  # noqa: E402
 
 STEPS = (("cache side", "baseline", "discard"), ("recorder", "discard", "recorder"),
-         ("recorder (py)", "discard", "recorder_py"), ("pipeline", "recorder", "telemetry"),
+         ("recorder (py)", "discard", "recorder_py"), ("drain thread", "recorder", "drain"),
+         ("writer", "drain", "telemetry"), ("pipeline", "recorder", "telemetry"),
          ("py ledger, off", "baseline", "baseline_py"),
          ("py ledger, on", "discard", "discard_py"))
 
@@ -63,6 +70,41 @@ class DiscardRecorder(Recorder):
 
     def record(self, op: tuple, mutations: list[tuple]) -> None:
         pass
+
+
+class DropTransport:
+    """A transport that drops what it is sent (``drain.Transport``)."""
+
+    def send(self, messages: list[tuple]) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> dict:
+        return {}
+
+    def close(self, timeout_s: float) -> dict:
+        return {}
+
+
+class DrainRun(Run):
+    """A cache whose ``TelemetryRecorder`` is drained by its own thread into ``DropTransport``:
+    the pipeline in the cache's process, without the writer process. Waited for as
+    ``telemetry`` is (``quiesce``: the drain run at once)."""
+
+    def __init__(self, label: str, nodes: int, comps: tuple[str, ...], store_dir: str) -> None:
+        health = Health()
+        recorder = TelemetryRecorder(health)
+        self.pipeline = Pipeline(recorder, DropTransport(), health)
+        super().__init__(label, nodes, comps, False, store_dir, False, recorder)
+
+    def discard(self) -> None:
+        pass  # the drain thread takes what is recorded
+
+    def quiesce(self) -> None:
+        self.pipeline.flush()
+
+    def close(self) -> float:
+        self.pipeline.close()
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -97,6 +139,7 @@ def main() -> None:
                 runs["baseline_py"] = Run("baseline (py)", nodes, comps, False, d, False)
                 runs["discard_py"] = Run("cache side (py)", nodes, comps, False, d, False,
                                          DiscardRecorder())
+        runs["drain"] = DrainRun("drain", nodes, comps, d)
         runs["telemetry"] = Run("telemetry", nodes, comps, True, d, False)
         for i in range(args.reps):
             for r in runs.values():
@@ -116,11 +159,12 @@ def main() -> None:
           f"{args.requests} requests per cache; medians of the calling thread's CPU time, us; "
           f"kernels {native.KERNELS}, ledger {LEDGER}, encoder {ENCODER}")
     print(f"  {'':>13} " + " ".join(f"{c:>{n}}" for c, n in zip(cols, w, strict=True))
-          + "    ops/s  of baseline's")
+          + "    ops/s  of baseline's  cost (pairs)")
     for k, r in runs.items():
         ops_s = sums[k]["ops_s"]
+        pairs = statistics.median(paired_costs(runs["baseline"].batches, r.batches))
         print(line(r.label, [sums[k][c][0] for c in cols])
-              + f"  {ops_s:7.0f}  {ops_s / sums['baseline']['ops_s']:13.3f}")
+              + f"  {ops_s:7.0f}  {ops_s / sums['baseline']['ops_s']:13.3f}  {pairs:10.1%}")
     base = sums["baseline"]["request"][0]
     print("  added by each step (us), and its share of the baseline's request:")
     for name, a, b in STEPS:

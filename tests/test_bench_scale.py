@@ -121,3 +121,32 @@ def test_a_batch_starts_with_the_young_generations_empty(tmp_path, monkeypatch):
     finally:
         gc.set_threshold(*before)
         keep.clear()
+
+
+def test_bench_record_costs_drain_step_ships_every_record_with_no_writer(tmp_path):
+    """``bench_record_cost.py``'s ``drain`` cache: its drain thread takes every record the cache
+    makes (the fill's and a batch's: one per cache call) and ships it to a transport that drops
+    it, so the step measures the drain thread with no writer process; ``close`` stops the
+    thread."""
+    import bench_record_cost as brc
+
+    r = brc.DrainRun("drain", 1000, ("full",), str(tmp_path))
+    try:
+        assert r.pipeline.shipped == r.ops  # (quiesced after the fill)
+        r.batch(20)
+        assert r.pipeline.shipped == r.ops
+        assert r.pipeline.recorder.queued == 0 and r.c.recorder is r.pipeline.recorder
+        assert r.tel is None and r.store_size() == 0
+    finally:
+        r.close()
+    assert not r.pipeline._thread.is_alive()
+
+
+def test_bench_record_cost_prints_the_drain_and_writer_steps():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_record_cost.py"), "--scale", "1k", "--requests", "30",
+         "--reps", "2"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for label in ("drain thread", "writer", "pipeline", "cost (pairs)"):
+        assert label in out.stdout, label
