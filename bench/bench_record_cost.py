@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from bench_scale import SCALES, Run, parse_workload, workload_args  # noqa: E402
+from bench_telemetry import NullTransport  # noqa: E402
 from scale_stats import ops_in, paired_costs  # noqa: E402
 
 from radixscope.cache import native, recording  # noqa: E402
@@ -72,28 +73,15 @@ class DiscardRecorder(Recorder):
         pass
 
 
-class DropTransport:
-    """A transport that drops what it is sent (``drain.Transport``)."""
-
-    def send(self, messages: list[tuple]) -> None:
-        pass
-
-    def flush(self, timeout_s: float) -> dict:
-        return {}
-
-    def close(self, timeout_s: float) -> dict:
-        return {}
-
-
 class DrainRun(Run):
-    """A cache whose ``TelemetryRecorder`` is drained by its own thread into ``DropTransport``:
+    """A cache whose ``TelemetryRecorder`` is drained by its own thread into ``NullTransport``:
     the pipeline in the cache's process, without the writer process. Waited for as
     ``telemetry`` is (``quiesce``: the drain run at once)."""
 
     def __init__(self, label: str, nodes: int, comps: tuple[str, ...], store_dir: str) -> None:
         health = Health()
         recorder = TelemetryRecorder(health)
-        self.pipeline = Pipeline(recorder, DropTransport(), health)
+        self.pipeline = Pipeline(recorder, NullTransport(), health)
         super().__init__(label, nodes, comps, False, store_dir, False, recorder)
 
     def discard(self) -> None:

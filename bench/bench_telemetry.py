@@ -243,7 +243,7 @@ class _DropRecorder(Recorder):
         pass
 
 
-class _NullTransport:
+class NullTransport:
     """A transport that discards what the drain thread ships: what the drain thread costs."""
 
     def send(self, messages: list[tuple]) -> None:
@@ -283,7 +283,7 @@ def stages(name: str, prepare, reps: int, tmp: Path) -> None:
                 health = Health()
                 rec = TelemetryRecorder(health, queue_capacity=1 << 30)
                 if stage == "drain":
-                    pipe = Pipeline(rec, _NullTransport(), health)
+                    pipe = Pipeline(rec, NullTransport(), health)
             elif stage == "full":
                 tel = telemetry.setup(store=tmp / f"{name}-stages-{rep}.db", overwrite=True,
                                       capture_host_spans=False, **SETUP)
