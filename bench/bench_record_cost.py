@@ -1,6 +1,6 @@
 """Where full telemetry's cost on the hot path goes (issue 17), in one process.
 
-Five to eight caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
+Six to nine caches on ``bench_scale.py``'s workload (long multi-turn chat, ~1-3 k-token requests,
 page size 1), interleaved batch by batch, each a step further along the record path:
 
 - ``baseline``: no recorder;
@@ -17,6 +17,9 @@ page size 1), interleaved batch by batch, each a step further along the record p
 - ``drain``: a ``TelemetryRecorder`` with its drain thread (``telemetry.record.drain.Pipeline``)
   shipping to a transport that drops what it is sent: the drain thread's work in the cache's
   process, with no writer process beside it;
+- ``pipe``: the same, shipping the messages down a pipe as the writer's transport frames them
+  (``writer_process.send_message``) to ``cat`` writing to ``/dev/null``: the pipe's cost (the
+  kernel's copies on both ends) without the writer's work;
 - ``telemetry``: ``telemetry.setup`` as a user runs it (drain thread, writer process, store).
 
 Printed: each cache's per-op medians (CPU time of the calling thread, us) and ops/s (as
@@ -35,9 +38,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,10 +61,13 @@ from radixscope.telemetry.record.drain import Pipeline  # noqa: E402
 from radixscope.telemetry.record.drops import Health  # noqa: E402
 from radixscope.telemetry.record.recorder import TelemetryRecorder  # noqa: E402
 from radixscope.telemetry.record.sink import ENCODER  # noqa: E402
+from radixscope.telemetry.sinks.transport import _grow_pipe  # noqa: E402
+from radixscope.telemetry.sinks.writer_process import send_message  # noqa: E402
 
 STEPS = (("cache side", "baseline", "discard"), ("recorder", "discard", "recorder"),
          ("recorder (py)", "discard", "recorder_py"), ("drain thread", "recorder", "drain"),
-         ("writer", "drain", "telemetry"), ("pipeline", "recorder", "telemetry"),
+         ("pipe", "drain", "pipe"), ("writer", "pipe", "telemetry"),
+         ("pipeline", "recorder", "telemetry"),
          ("py ledger, off", "baseline", "baseline_py"),
          ("py ledger, on", "discard", "discard_py"))
 
@@ -73,15 +82,51 @@ class DiscardRecorder(Recorder):
         pass
 
 
-class DrainRun(Run):
-    """A cache whose ``TelemetryRecorder`` is drained by its own thread into ``NullTransport``:
-    the pipeline in the cache's process, without the writer process. Waited for as
-    ``telemetry`` is (``quiesce``: the drain run at once)."""
+class CatTransport:
+    """The writer's transport without the writer: each message batch framed as
+    ``ProcessTransport`` frames it, down a pipe grown as it grows its own, to ``command``
+    (``cat`` writing to ``/dev/null``). ``blob_bytes``: the op blobs' bytes sent."""
 
-    def __init__(self, label: str, nodes: int, comps: tuple[str, ...], store_dir: str) -> None:
+    def __init__(self, command: tuple[str, ...] = ("cat",), stdout=subprocess.DEVNULL) -> None:
+        self.blob_bytes = 0
+        read, write = os.pipe()
+        _grow_pipe(write)
+        try:
+            self.process = subprocess.Popen(list(command), stdin=read, stdout=stdout)
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._out = Connection(write, readable=False)
+
+    def send(self, messages: list[tuple]) -> None:
+        send_message(self._out, messages)
+        self.blob_bytes += sum(len(b) for m in messages if m[0] == "ops" for b in m[1])
+
+    def flush(self, timeout_s: float) -> dict:
+        return {}
+
+    def close(self, timeout_s: float) -> dict:
+        self._out.close()
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return {}
+
+
+class DrainRun(Run):
+    """A cache whose ``TelemetryRecorder`` is drained by its own thread into ``transport``
+    (default ``NullTransport``): the pipeline in the cache's process, without the writer
+    process. Waited for as ``telemetry`` is (``quiesce``: the drain run at once)."""
+
+    def __init__(self, label: str, nodes: int, comps: tuple[str, ...], store_dir: str,
+                 transport=None) -> None:
         health = Health()
         recorder = TelemetryRecorder(health)
-        self.pipeline = Pipeline(recorder, NullTransport(), health)
+        self.pipeline = Pipeline(recorder, transport or NullTransport(), health)
         super().__init__(label, nodes, comps, False, store_dir, False, recorder)
 
     def discard(self) -> None:
@@ -128,6 +173,7 @@ def main() -> None:
                 runs["discard_py"] = Run("cache side (py)", nodes, comps, False, d, False,
                                          DiscardRecorder())
         runs["drain"] = DrainRun("drain", nodes, comps, d)
+        runs["pipe"] = DrainRun("pipe", nodes, comps, d, CatTransport())
         runs["telemetry"] = Run("telemetry", nodes, comps, True, d, False)
         for i in range(args.reps):
             for r in runs.values():

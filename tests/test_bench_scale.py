@@ -142,11 +142,34 @@ def test_bench_record_costs_drain_step_ships_every_record_with_no_writer(tmp_pat
     assert not r.pipeline._thread.is_alive()
 
 
+def test_bench_record_costs_pipe_step_ships_every_record_down_a_pipe_to_cat(tmp_path):
+    """The ``pipe`` cache's drain thread frames every batch as the writer's transport does and
+    writes it down the pipe (here to ``wc -c``, which counts what arrives: every blob, with the
+    frames around them); nothing is dropped, and ``close`` ends the reader."""
+    import bench_record_cost as brc
+
+    transport = brc.CatTransport(("wc", "-c"), subprocess.PIPE)
+    r = brc.DrainRun("pipe", 1000, ("full",), str(tmp_path), transport)
+    try:
+        assert r.pipeline.shipped == r.ops
+        r.batch(20)
+        assert r.pipeline.shipped == r.ops
+        stats = r.pipeline.health.snapshot()
+        assert not any(stats["dropped"].values()) and not stats["failures"], stats
+        assert transport.process.poll() is None  # the reader is reading
+    finally:
+        r.close()
+    assert transport.process.returncode == 0
+    arrived = int(transport.process.stdout.read())
+    transport.process.stdout.close()
+    assert 0 < transport.blob_bytes < arrived < transport.blob_bytes + 64 * 1024
+
+
 def test_bench_record_cost_prints_the_drain_and_writer_steps():
     out = subprocess.run(
         [sys.executable, str(BENCH / "bench_record_cost.py"), "--scale", "1k", "--requests", "30",
          "--reps", "2"],
         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    for label in ("drain thread", "writer", "pipeline", "cost (pairs)"):
+    for label in ("drain thread", "  pipe ", "writer", "pipeline", "cost (pairs)"):
         assert label in out.stdout, label
