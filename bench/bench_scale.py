@@ -15,7 +15,10 @@ batches (the cache's thread alone); ``--control`` adds a second cache without a 
 against the baseline as telemetry is (what the method reads where there is no cost), and judges
 telemetry against it too: at ~100 k nodes the two caches without a recorder, built first and last,
 disagreed by 4-8 % in most runs (a build-order bias not yet explained), so the two comparisons
-bracket telemetry's cost.
+bracket telemetry's cost. ``--split`` runs the telemetry cache's batches in turn shipping and with
+its pipeline held (``Run.hold``: the drain thread not woken, the writer idle, the batch's records
+shipped after it), each paired with a baseline batch run just before: the pipeline's share of
+telemetry's cost, measured on one cache, where comparing two caches carries their bias.
 
 Reported per op (each cache call timed on its own; an auxiliary component's evict / alloc as
 ``evict.<comp>`` / ``alloc.<comp>``): median and p99 of the calling thread's CPU time; per request
@@ -45,6 +48,7 @@ its bitmaps may be cold.
     python bench/bench_scale.py --scale 100k --requests 2000 --reps 2
     python bench/bench_scale.py --scale 1k --no-telemetry --kernels
     python bench/bench_scale.py --scale 1k --reps 12 --control [--pause-writer | --no-quiesce]
+    python bench/bench_scale.py --scale 1k --requests 1500 --reps 12 --split
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buf
 # SGLang's scheduler does: with SWA / MAMBA a conversation then reuses a shared system prompt
 BRANCHING = True
 CLOCK = time.thread_time_ns
+# ``--split``: the telemetry cache's batches in turn shipping (as the target measures them) and
+# with the pipeline held (nothing shipped during the batch)
+SPLIT_MODES = ("shipping", "held")
+HELD_BATCH = 1 << 40  # a held recorder's encode_batch: it never wakes the drain thread
+HELD_INTERVAL_S = 3600.0  # a held drain thread's period
 
 
 class Chat:
@@ -390,6 +399,27 @@ class Run:
         if self.tel is not None:
             self.tel.flush()
 
+    def hold(self, held: bool) -> None:
+        """Hold this cache's telemetry pipeline (``--split``), or release it: held, the recorder
+        never wakes the drain thread and the thread's period is past any batch, so a batch's
+        records wait in the recorder (its queue holds 262,144) and ship at the next
+        ``quiesce``. Returns once the drain thread has run the cycle that picks the period up,
+        so none runs during the batch."""
+        if self.tel is None:
+            return
+        rec, pipe = self.tel.recorder, self.tel.pipeline
+        if not hasattr(self, "_shipping"):
+            self._shipping = (rec.encode_batch, pipe.interval_s)
+        rec.encode_batch, pipe.interval_s = ((HELD_BATCH, HELD_INTERVAL_S) if held
+                                             else self._shipping)
+        with rec._buf_lock:
+            rec._set_limit()
+        cycles = pipe.cycles
+        rec.wake.set()
+        deadline = time.monotonic() + 5.0
+        while pipe.cycles == cycles and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
     def store_size(self) -> int:
         if self.tel is None:
             return 0
@@ -505,6 +535,47 @@ def parse_workload(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
+def run_split(runs: list[Run], args: argparse.Namespace) -> dict[str, tuple[list, list]]:
+    """``--split``'s batches: per rep, for each of ``SPLIT_MODES`` (their order rotated rep by
+    rep) a baseline batch, then the telemetry cache's batch in that mode. Returns per mode the
+    (baseline, telemetry) batches, in pairs; leaves each run's ``batches`` as the shipping
+    mode's, which the rest of the report (and the target) reads."""
+    base, tel = runs
+    out: dict[str, tuple[list, list]] = {m: ([], []) for m in SPLIT_MODES}
+    for i in range(args.reps):
+        k = i % len(SPLIT_MODES)
+        for j, mode in enumerate(SPLIT_MODES[k:] + SPLIT_MODES[:k]):
+            last = i == args.reps - 1 and j == len(SPLIT_MODES) - 1
+            base.batch(args.requests)
+            tel.hold(mode == "held")
+            try:
+                tel.batch(args.requests, quiesce=not last)
+            finally:
+                tel.hold(False)
+            out[mode][0].append(base.batches[-1])
+            out[mode][1].append(tel.batches[-1])
+    base.batches, tel.batches = out["shipping"]
+    return out
+
+
+def print_split(split: dict[str, tuple[list, list]]) -> None:
+    """Each mode's cost (batch pairs against the baseline batch run just before) and the
+    pipeline's share: the shipping mode's cost less the held mode's, rep by rep, on the same
+    cache (so no bias of layout or build order between two caches enters it)."""
+    costs = {m: paired_costs(*split[m]) for m in SPLIT_MODES}
+    print("  telemetry's cost by pipeline mode, on one cache (--split; pairs against the "
+          "baseline batch run just before):")
+    for m in SPLIT_MODES:
+        faults = [b["faults"] for b in split[m][1] if b.get("faults") is not None]
+        tail = (f"; page faults of the cache's thread a batch: median "
+                f"{statistics.median(faults):.0f}") if faults else ""
+        print(f"    {m:>13}: {' '.join(f'{c * 100:.1f}' for c in costs[m])} % "
+              f"({median_line(costs[m])}){tail}")
+    share = [a - b for a, b in zip(costs["shipping"], costs["held"], strict=True)]
+    print(f"    the pipeline's share (drain thread, pipe, writer process): shipping less held, "
+          f"rep by rep: {median_line(share)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     workload_args(ap, requests=2000)
@@ -519,10 +590,18 @@ def main() -> None:
     ap.add_argument("--control", action="store_true",
                     help="also a second cache without a recorder, compared with the baseline "
                          "as telemetry is (what the method reads where there is no cost)")
+    ap.add_argument("--split", action="store_true",
+                    help="the telemetry cache's batches in turn shipping and with its "
+                         "pipeline held (drain thread and writer idle): the pipeline's share "
+                         "of telemetry's cost measured on one cache (the target is judged on "
+                         "the shipping batches)")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
     ap.add_argument("--kernels", action="store_true",
                     help="also time the native kernels' calls inside the ops")
     args = parse_workload(ap)
+    if args.split and (args.no_telemetry or args.control or args.pause_writer
+                       or args.no_quiesce):
+        ap.error("--split takes none of --no-telemetry, --control, --pause-writer, --no-quiesce")
     kernel_calls = time_kernels() if args.kernels else None
     nodes = SCALES[args.scale]
     comps = tuple(args.components.split(","))
@@ -533,7 +612,8 @@ def main() -> None:
             runs.append(Run("telemetry", nodes, comps, True, d, args.freeze))
         if args.control:
             runs.append(Run("control", nodes, comps, False, d, args.freeze))
-        for i in range(args.reps):
+        split = run_split(runs, args) if args.split else None
+        for i in range(0 if split else args.reps):
             for r in runs:
                 r.batch(args.requests, quiesce=not args.no_quiesce and i < args.reps - 1,
                         pause_writer=args.pause_writer)
@@ -572,6 +652,8 @@ def main() -> None:
         print("  telemetry's cost in ops/s, batch pair by batch pair: "
               + " ".join(f"{c * 100:.1f}" for c in costs)
               + f" % ({median_line(costs)})")
+    if split is not None:
+        print_split(split)
     if args.control:
         control = paired_costs(runs[0].batches, runs[-1].batches)
         print("  control's cost (a second cache without a recorder: the method's own noise and "

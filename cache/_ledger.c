@@ -40,7 +40,7 @@ no finalizer can take or record while the decoded mutations are in neither place
 #include "_direct.h"
 #include "_slots.h"
 
-#define LEDGER_ABI 4
+#define LEDGER_ABI 5
 
 typedef struct {
     PyObject_HEAD
@@ -719,12 +719,15 @@ state_direct(Ledger *L, PyObject *const *items, PyObject **lens, Py_ssize_t nt, 
 
 /* Record one component's state from its data: ``(lens, refs)``, each tier's value (``values``,
    read once) measured by that tier's size callable (None stays None), the refs as a tuple, read
-   after the size callables ran (code they run may rebind them, as PyLedger reads them). Where
-   the recorder writes directly and all of it is plain numbers, ``state_direct`` writes it with
-   no tuple made; else the tuples, as ``m`` records any value. 0, or -1 with an error set. */
+   after the size callables ran (code they run may rebind them, as PyLedger reads them). Tier
+   ``hint_tier`` (-1: none) is not measured where the caller gave its value's size, ``hint``
+   (the same callable's result, taken as is; a value of None or a hint of None there: the
+   value measured or None, as without one). Where the recorder writes directly and all of it
+   is plain numbers, ``state_direct`` writes it with no tuple made; else the tuples, as ``m``
+   records any value. 0, or -1 with an error set. */
 static int
 state_record(Ledger *L, PyObject *const *items, PyObject *sizes, PyObject *data,
-             PyObject *values)
+             PyObject *values, Py_ssize_t hint_tier, PyObject *hint)
 {
     Py_ssize_t nt = PyTuple_GET_SIZE(sizes), got;
     PyObject *fast = NULL, *lens[MAX_TIERS], *lent = NULL, *refs = NULL, *value = NULL;
@@ -748,7 +751,9 @@ state_record(Ledger *L, PyObject *const *items, PyObject *sizes, PyObject *data,
     for (Py_ssize_t t = 0; t < nt; t++) { /* each value replaced by its size */
         PyObject *v = fast != NULL ? PyTuple_GET_ITEM(fast, t) : lens[t];
         PyObject *size = v == Py_None ? Py_NewRef(Py_None)
-                                      : PyObject_CallOneArg(PyTuple_GET_ITEM(sizes, t), v);
+                         : t == hint_tier && hint != Py_None
+                             ? Py_NewRef(hint) /* the caller measured this one */
+                             : PyObject_CallOneArg(PyTuple_GET_ITEM(sizes, t), v);
         if (size == NULL)
             goto done;
         if (fast != NULL)
@@ -824,8 +829,8 @@ static PyObject *
 ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Ledger *L = (Ledger *)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "state takes (node, ci)");
+    if (nargs != 2 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "state takes (node, ci) or (node, ci, tier, size)");
         return NULL;
     }
     if (!L->on)
@@ -850,14 +855,24 @@ ledger_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(names);
     Py_DECREF(all_sizes);
     PyObject *id = NULL, *all = NULL, *data = NULL, *values = NULL, *r = NULL;
+    Py_ssize_t hint_tier = -1;
+    PyObject *hint = NULL; /* held: code run below may drop the caller's reference */
+    if (nargs == 4) {
+        hint_tier = index_below(args[2], PyTuple_GET_SIZE(sizes), "state: tier");
+        if (hint_tier < 0)
+            goto done;
+        hint = Py_NewRef(args[3]);
+    }
     if ((id = slot_get(args[0], s_id, &L->hints[H_ID])) != NULL
         && (all = slot_get(args[0], s_data, &L->hints[H_DATA])) != NULL
         && (data = PySequence_GetItem(all, ci)) != NULL
         && (values = slot_get(data, s_values, &L->hints[H_VALUES])) != NULL) {
         PyObject *items[3] = {kind, id, name};
-        if (state_record(L, items, sizes, data, values) == 0)
+        if (state_record(L, items, sizes, data, values, hint_tier, hint) == 0)
             r = Py_NewRef(Py_None);
     }
+done:
+    Py_XDECREF(hint);
     Py_XDECREF(id);
     Py_XDECREF(all);
     Py_XDECREF(data);
@@ -1010,7 +1025,9 @@ static PyMethodDef ledger_methods[] = {
     {"m", (PyCFunction)(void (*)(void))ledger_m, METH_FASTCALL,
      "m(kind, node, comp, tier, value): number one state change and keep it."},
     {"state", (PyCFunction)(void (*)(void))ledger_state, METH_FASTCALL,
-     "state(node, ci): one component's state on a node, numbered and kept (see set_states)."},
+     "state(node, ci[, tier, size]): one component's state on a node, numbered and kept (see "
+     "set_states); ``size``: the value on ``tier`` as its size callable measured it (not "
+     "measured again)."},
     {"set_states", (PyCFunction)(void (*)(void))ledger_set_states, METH_FASTCALL,
      "set_states(kind, names, sizes): the mutation kind, component names and per-tier size "
      "callables state() uses."},

@@ -13,6 +13,9 @@ the mutations of the op running now, and runs every public operation:
   and per-tier size callables given by ``set_states(kind, names, sizes)``, the value
   ``(lens, refs)`` (each tier's value measured, None where there is none; the refs as a tuple).
   It is the cache's most frequent state change (two a request), so it is one call here.
+  ``state(node, ci, tier, size)``: the caller has just measured the value it set on ``tier``
+  with that tier's size callable (``set_value``), so that one is not measured again (a torch
+  call, ~470 instructions, once a request).
 - ``pool(ci, tier, available)`` records a pool's new free count as ``m`` would, with the kind
   and tier labels given by ``set_pools(kind, tiers)`` and the component names of
   ``set_states``: one C call at each alloc and free, no Python frame.
@@ -71,7 +74,7 @@ from collections.abc import Callable
 
 from radixscope.cache.native import load_built
 
-ABI = 4  # _ledger.c's LEDGER_ABI: a build with another number is stale
+ABI = 5  # _ledger.c's LEDGER_ABI: a build with another number is stale
 _time_ns = time.time_ns
 
 
@@ -155,18 +158,25 @@ class PyLedger:
         check_states(kind, names, sizes)
         self._states = (kind, names, sizes)
 
-    def state(self, node, ci: int) -> None:
+    def state(self, node, ci: int, *hint) -> None:
+        if len(hint) not in (0, 2):
+            raise TypeError("state takes (node, ci) or (node, ci, tier, size)")
         if not self.on:
             return
         if self._states is None:
             raise RuntimeError("state: set_states(kind, names, sizes) was not called")
         kind, names, sizes = self._states
         i = _index_below(ci, len(names), "state: component index")
-        nid, d, size = node.id, node.data[i], sizes[i]
+        size = sizes[i]
+        at, given = -1, None
+        if hint:
+            at, given = _index_below(hint[0], len(size), "state: tier"), hint[1]
+        nid, d = node.id, node.data[i]
         values = tuple(d.values)
         if len(values) != len(size):
             raise ValueError(f"state: {len(values)} values for {len(size)} tiers")
-        lens = tuple([None if v is None else f(v) for v, f in zip(values, size, strict=True)])
+        lens = tuple([None if v is None else given if t == at and given is not None else f(v)
+                      for t, (v, f) in enumerate(zip(values, size, strict=True))])
         self.m(kind, nid, names[i], None, (lens, tuple(d.refs)))
 
     def set_pools(self, kind: str, tiers: tuple) -> None:

@@ -153,8 +153,10 @@ class CacheCore(Pins, LeafSets, Recording):
         size = self._sizes[ci] if tier != STORAGE else _stored_numel
         if old is not None:
             led[tier] -= size(old)
+        n = None
         if value is not None:
-            led[tier] += size(value)
+            n = size(value)
+            led[tier] += n
         d.values[tier] = value
         if tier == DEVICE:  # the device tier alone keeps tree-ownership marks and D-leaf counts
             alloc = self.device_pools[ci].alloc
@@ -169,8 +171,8 @@ class CacheCore(Pins, LeafSets, Recording):
             self._lru_place(node, ci)
         if ci == 0:
             self.refresh_leaf(node)
-        if self._on:
-            self._ledger.state(node, ci)
+        if self._on:  # (the value's size as measured above: the ledger does not measure it again)
+            self._ledger.state(node, ci, tier, n)
 
     def _lru_place(self, node: Node, ci: int) -> None:
         """File the node in the recency list of the fastest tier holding its value (and in no

@@ -78,6 +78,50 @@ def test_the_bench_prints_the_control_and_flags_a_paused_writer():
     assert "the telemetry row above is not the target's measure" in out.stdout
 
 
+def test_a_held_pipeline_ships_nothing_during_its_batch_and_everything_after(tmp_path):
+    """``Run.hold``: with a recorder that wakes its drain thread every 8 records, a held batch
+    runs no drain cycle and the store gains nothing (the batch's records wait in the
+    recorder); released, the recorder's own settings are back, a quiesce stores every op, and
+    the next batch ships while it runs."""
+    r = bs.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
+    pipe, rec = r.tel.pipeline, r.tel.recorder
+    try:
+        assert _stored_ops(r.store) == r.ops
+        rec.encode_batch = 8
+        stored = r.ops
+        r.hold(True)
+        assert pipe.interval_s == bs.HELD_INTERVAL_S and rec.encode_batch == bs.HELD_BATCH
+        cycles = pipe.cycles
+        r.batch(60, quiesce=False)
+        time.sleep(0.2)  # past the drain thread's own period
+        assert pipe.cycles == cycles and _stored_ops(r.store) == stored < r.ops
+        r.hold(False)
+        assert pipe.interval_s == 0.1 and rec.encode_batch == 8
+        r.quiesce()
+        assert _stored_ops(r.store) == r.ops
+        cycles = pipe.cycles
+        r.batch(60, quiesce=False)
+        assert pipe.cycles > cycles  # (woken every 8 records: many cycles in 360 records)
+    finally:
+        r.close()
+
+
+def test_the_split_run_prints_both_modes_and_the_pipelines_share():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_scale.py"), "--scale", "1k", "--requests", "30",
+         "--reps", "2", "--split"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "telemetry's cost by pipeline mode, on one cache" in out.stdout
+    assert "shipping: " in out.stdout and "held: " in out.stdout
+    assert "the pipeline's share (drain thread, pipe, writer process)" in out.stdout
+    assert "telemetry costs <= 5 % of ops/s" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, str(BENCH / "bench_scale.py"), "--split", "--control"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "--split takes none of" in bad.stderr
+
+
 def test_the_medians_interval_is_the_binomial_one():
     """The telemetry target is judged on a 95 % interval for the median of the batch pairs:
     the order statistics the binomial tables give (n = 12: the 3rd and 10th; 24: 7th and 18th;

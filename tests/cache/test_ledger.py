@@ -226,6 +226,47 @@ def test_state_is_refused_before_it_records_anything(impl) -> None:
     assert led.muts == [] and led.seq == 0
 
 
+def test_state_takes_the_callers_size_for_the_tier_it_names_and_measures_the_rest(impl) -> None:
+    """``state(node, ci, tier, size)``: the value on ``tier`` is recorded at ``size`` with no
+    call to its size callable (the caller measured it); the other tiers are measured. A size of
+    None there, or no value there, is as if no size were given."""
+    led, _, _ = make(impl)
+    calls: list[int] = []
+
+    def counted(t):
+        def size(v):
+            calls.append(t)
+            return len(v)
+        return size
+
+    led.set_states("comp.state", ("full",), ((counted(0), counted(1), counted(2)),))
+    node = Node(7, [Data([[1, 2, 3], [4, 5], None], [1, 0, 0])])
+    led.state(node, 0, 0, 3)
+    assert calls == [1]
+    led.state(node, 0, 1, None)  # no size given for tier 1: measured
+    led.state(Node(8, [Data([None, [4], None], [0, 0, 0])]), 0, 0, 5)  # no value on tier 0
+    assert calls == [1, 0, 1, 1]
+    assert [(m[3], m[6]) for m in led.take()] == [
+        (7, ((3, 2, None), (1, 0, 0))), (7, ((3, 2, None), (1, 0, 0))),
+        (8, ((None, 1, None), (0, 0, 0)))]
+
+
+@pytest.mark.parametrize("args, error, needle", [
+    ((0, 3, 9), IndexError, "state: tier 3 out of range"),
+    ((0, -1, 9), IndexError, "state: tier -1 out of range"),
+    ((0, "0", 9), TypeError, "'str' object cannot be interpreted as an integer"),
+    ((0, 0, 3, 1), TypeError, r"state takes \(node, ci\) or \(node, ci, tier, size\)"),
+    ((0, 0), TypeError, r"state takes \(node, ci\) or \(node, ci, tier, size\)"),
+])
+def test_a_bad_tier_or_argument_count_is_refused_before_anything_is_recorded(
+        impl, args, error, needle) -> None:
+    led, _, _ = make(impl)
+    led.set_states("comp.state", ("full",), ((_len, _len, _len),))
+    with pytest.raises(error, match=needle):
+        led.state(Node(1, [Data([[1], None, None], [0, 0, 0])]), *args)
+    assert led.muts == [] and led.seq == 0
+
+
 @pytest.mark.parametrize("args, needle", [
     ((1, ("full",), ((len,),)), "kind must be a str, got 1"),
     (("k", ["full"], ((len,),)), "names and sizes must be tuples of one length"),
