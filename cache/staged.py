@@ -7,8 +7,11 @@ churn) then copy at a small fraction of the bus (bench/RESULTS.md: 75,586 DMAs f
 0.1 GB/s). A staged copy costs a gather, one bulk copy and a scatter, whatever the runs: its
 price is bytes (the CPU gathers or scatters them at some 10 GB/s), a run's price is that
 setup. ``copy_path`` picks, per component copy, by the mean bytes a run: below
-``STAGED_BELOW_BYTES`` (32 KiB, about what the CPU moves in the 2 us a DMA costs to set up) a
-copy goes staged. The bench (bench/bench_gpu.py, rows ``staged``) measures both paths.
+``STAGED_BELOW_BYTES`` (32 KiB) a copy goes staged. On an H200 (bench/RESULTS.md, third GPU
+session; ``bash bench/gpu_crossover.sh``) the staged path wins 2-14x by wall time below 32 KiB
+and 1.1-2.5x at 48 KiB; at 64 KiB its load-back falls to a third of a DMA a run. That fall is
+the CPU gather: ``index_select`` splits across fewer threads once a slot reaches 32,768
+elements (ATen's grain size), so a higher threshold would send fp8 KV over it.
 
 A transfer's staged copies share one pinned slab (``StagingSlabs``) laid out as each copy's
 index list (int64) and data, 64-byte aligned (``Stage``):

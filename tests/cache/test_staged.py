@@ -26,6 +26,18 @@ def test_the_default_threshold_is_32_kib():
     assert STAGED_BELOW_BYTES == 32 * 1024
 
 
+@pytest.mark.parametrize("itemsize", [1, 2, 4])
+def test_no_staged_slot_reaches_the_cpu_gathers_one_thread_size(itemsize):
+    """The CPU gather (``index_select``) drops to fewer threads once a slot reaches 32,768
+    elements, and a staged load-back with it (4x slower on an H200's host, bench/RESULTS.md,
+    third GPU session): the default threshold keeps every staged slot below, fp8 included."""
+    grain = 32768  # elements a slot
+    one_slot_runs = np.array([[2 * i, i, 1] for i in range(8)])
+    assert copy_path(one_slot_runs, grain * itemsize, STAGED_BELOW_BYTES) == RUNS
+    small = min(grain * itemsize, STAGED_BELOW_BYTES) - itemsize
+    assert copy_path(one_slot_runs, small, STAGED_BELOW_BYTES) == STAGED
+
+
 @pytest.mark.parametrize(("slots_a_run", "bytes_per_slot", "want"), [
     (1, 256, STAGED),        # the default preset, page 1, scattered: 256 B a run
     (127, 256, STAGED),      # 32,512 B a run
