@@ -21,7 +21,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from radixscope.cache import events as ev
 from radixscope.telemetry.names import INSTRUMENTATION_SCOPE
 from radixscope.telemetry.record.drops import Health
 from radixscope.telemetry.record.encode import CompactOp, SpanRow, span_row
@@ -135,8 +134,7 @@ class StoreSink:
             ids = [NO_IDS] * len(ops)
         st = self.store
         st.write_ops(ops, ids)
-        st.write_mutations(mutations)
-        st.write_node_tokens((m[3], m[6][2]) for m in mutations if m[2] == ev.NODE_CREATE)
+        st.write_journal(mutations)
         j = self.journal
         if j is None or j.broken:
             return

@@ -44,6 +44,12 @@ def pack_tokens(tokens) -> bytes:
 
 
 def unpack_tokens(blob: bytes) -> array:
+    """``pack_tokens``'s bytes as an array again. Raises ValueError for anything it does not
+    write (the blob comes from a file)."""
+    if type(blob) is not bytes or not blob or blob[0] not in b"IQ" \
+            or (len(blob) - 1) % (4 if blob[0] == ord("I") else 8):
+        shown = blob[:9] if isinstance(blob, bytes) else blob
+        raise ValueError(f"not a packed token array: {type(blob).__name__} {shown!r:.40}")
     a = array(chr(blob[0]))
     a.frombytes(blob[1:])
     if sys.byteorder != "little":

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from radixscope.cache import events as ev
+from radixscope.telemetry.store.keyframes import unpack_tokens
 from radixscope.telemetry.store.readguard import Malformed
 from radixscope.telemetry.store.schema import SCHEMA
 
@@ -218,7 +219,34 @@ def journal_rows(con: sqlite3.Connection, lo: int | None, hi: int | None) -> lis
             raise Malformed(f"a journal chunk is malformed (row seq_first={seq_first}): {e}"
                             ) from None
         out.extend(chunk)
+    _tokens_back(con, out)
     return out
+
+
+def _tokens_back(con: sqlite3.Connection, rows: list[list]) -> None:
+    """Each ``node.create`` that names its token count (schema 5, ``StoreWriter.write_journal``)
+    given its tokens again, from ``node_tokens``; one with its tokens inline (schema 4, bundles,
+    the KV-event watcher's stores) is left as it is."""
+    named = [m for m in rows if m[2] == ev.NODE_CREATE and isinstance(m[6], list)
+             and len(m[6]) == 3 and type(m[6][2]) is int]
+    if not named:
+        return
+    ids = sorted({m[3] for m in named if type(m[3]) is int})
+    blobs = dict(con.execute("SELECT node, tokens FROM node_tokens WHERE node IN "
+                             "(SELECT value FROM json_each(?))", (json.dumps(ids),)))
+    for m in named:
+        n = m[6][2]
+        try:
+            toks = unpack_tokens(blobs[m[3]])
+        except (KeyError, TypeError):
+            raise Malformed(f"journal mutation at seq {m[0]}: node.create of node {m[3]!r} "
+                            f"names {n} tokens, and node_tokens has no row for it") from None
+        except ValueError as e:
+            raise Malformed(f"node_tokens row of node {m[3]!r}: {e}") from None
+        if len(toks) != n:
+            raise Malformed(f"journal mutation at seq {m[0]}: node.create of node {m[3]} "
+                            f"names {n} tokens, its node_tokens row holds {len(toks)}")
+        m[6] = [m[6][0], m[6][1], toks.tolist()]
 
 
 def decode_mutation(m: list) -> tuple:

@@ -18,8 +18,11 @@ Tables (all times are wall-clock ns; ids of spans and traces are lowercase hex):
 - ``journal``: the mutations in chunks (one per writer batch, keyed by the first seq): ``data``
   is a JSON array of ``[seq, op_id, kind, node, comp, tier, value]``. One SQLite row per
   mutation cost the writer more than everything else it does per op; a chunk is one row and
-  one C-encoded JSON text. The ``mutations`` view expands it to one row per state change
-  (``value`` as JSON text), for SQL; ``StoreReader`` decodes chunks directly.
+  one C-encoded JSON text. A ``node.create``'s value is ``[parent, extra_key, n_tokens]``: the
+  tokens are in ``node_tokens`` (schema 5; a schema 4 store, a bundle and the KV-event
+  watcher's store hold them inline, ``[parent, extra_key, tokens]``). The ``mutations`` view
+  expands the chunks to one row per state change (``value`` as JSON text, as stored), for
+  SQL; ``StoreReader`` decodes chunks directly and puts the tokens back.
 - ``keyframes(seq, ts_ns, snapshot)``: at attach ``CacheSnapshot.to_dict()`` JSON text; every K
   mutations zlib-compressed JSON whose nodes name their tokens by reference ``[origin, start,
   end]`` into ``node_tokens`` (``telemetry.store.keyframes``), so a keyframe grows with the node count,
@@ -44,10 +47,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 4  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
+SCHEMA_VERSION = 5  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
 #                    keyframes as compressed JSON with token references; 4: component states
 #                    per tier (``comp.state`` and keyframe nodes carry ``[lens, refs]``, one
-#                    entry per ``Tier``)
+#                    entry per ``Tier``); 5: a journal ``node.create`` may name its token count
+#                    instead of its tokens, which are in ``node_tokens``
+READABLE_VERSIONS = (4, 5)  # 4 has the same tables; its node.create entries hold their tokens
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """
@@ -332,9 +337,9 @@ def _verify_schema(con: sqlite3.Connection, p: Path) -> None:
         raise ValueError(f"{str(p)!r} is not a radixscope telemetry store (its info table has "
                          f"no {SCHEMA_NAME} schema row)")
     version = schema.get("version")
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ValueError(f"telemetry store {str(p)!r} has schema version {version!r}; this "
-                         f"reader reads {SCHEMA_VERSION}")
+                         f"reader reads {' and '.join(map(str, READABLE_VERSIONS))}")
     want = expected_master()
     got = frozenset(have)
     if got != want:

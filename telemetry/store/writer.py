@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
+from radixscope.cache.events import NODE_CREATE
 from radixscope.telemetry.record.encode import CompactOp, SpanRow
 from radixscope.telemetry.store.jsontext import dumps, journal_chunk
 from radixscope.telemetry.store.keyframes import pack_tokens
@@ -19,6 +20,7 @@ from radixscope.telemetry.store.schema import connect_writer
 
 _OPS_SQL = "INSERT INTO ops VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 _JOURNAL_SQL = "INSERT INTO journal VALUES (?,?,?)"
+_TOKENS_SQL = "INSERT OR REPLACE INTO node_tokens VALUES (?, ?)"
 _SPAN_SQL = "INSERT INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _METRIC_SQL = "INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?)"
 
@@ -76,9 +78,34 @@ class StoreWriter:
             self._tx().executemany(_OPS_SQL, rows)
 
     def write_mutations(self, mutations: list[tuple]) -> None:
-        """One ``journal`` chunk: mutations in increasing seq order, after the last chunk's."""
+        """One ``journal`` chunk: mutations in increasing seq order, after the last chunk's,
+        a created node's tokens inline (a store whose node ids may repeat: the KV-event
+        watcher's)."""
         if mutations:
             self._tx().execute(_JOURNAL_SQL, journal_chunk(mutations))
+
+    def write_journal(self, mutations: list[tuple]) -> None:
+        """As ``write_mutations``, each token stored once (schema 5): a created node's tokens
+        go to ``node_tokens`` and its ``node.create`` names their count, ``[parent,
+        extra_key, n_tokens]``; the readers (``rows.journal_rows``) put them back. Node ids
+        must not repeat within the store (a cache's never do). Before, the journal's JSON held
+        every token a second time: two thirds of its bytes (bench/RESULTS.md, #17,
+        twenty-eighth round)."""
+        if not mutations:
+            return
+        out = mutations
+        tokens = []
+        for i, m in enumerate(mutations):
+            if m[2] == NODE_CREATE:
+                if out is mutations:
+                    out = list(mutations)
+                parent, extra_key, toks = m[6]
+                tokens.append((m[3], pack_tokens(toks)))
+                out[i] = (*m[:6], (parent, extra_key, len(toks)))
+        tx = self._tx()
+        if tokens:
+            tx.executemany(_TOKENS_SQL, tokens)
+        tx.execute(_JOURNAL_SQL, journal_chunk(out))
 
     def write_spans(self, rows: Iterable[SpanRow]) -> None:
         out = []
@@ -110,7 +137,7 @@ class StoreWriter:
         """Each created node's tokens, once (what keyframes' token references point into)."""
         out = [(node, pack_tokens(tokens)) for node, tokens in rows]
         if out:
-            self._tx().executemany("INSERT OR REPLACE INTO node_tokens VALUES (?, ?)", out)
+            self._tx().executemany(_TOKENS_SQL, out)
 
     def write_metrics(self, seq: int, ts_ns: int,
                       pools: Iterable[tuple[str, str, int, int, int, int, int]]) -> None:

@@ -293,7 +293,8 @@ def _version(v: object) -> Callable[[Path], None]:
 STORE_CASES = {
     "schema version 1": (_version(1), "has schema version 1"),
     "schema version 2": (_version(2), "has schema version 2"),
-    "schema version 5": (_version(5), "has schema version 5"),
+    "schema version 3": (_version(3), "has schema version 3"),
+    "schema version 6": (_version(6), "has schema version 6"),
     "schema version true": (_version(True), "has schema version True"),
     "recursive mutations view": (lambda p: sql(p, "DROP VIEW mutations; CREATE VIEW mutations "
                                                "AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
@@ -346,6 +347,44 @@ def test_crafted_trees_and_journals_in_a_store(case, good_store, tmp_path):
         with telemetry.open_store(path) as r:
             r.state_at(r.last_seq())
     expect(rebuild, ValueError, str(path), words)
+
+
+def _a_created_node(path: Path) -> int:
+    """The last node the journal creates (its node.create names a token count: schema 5)."""
+    con = sqlite3.connect(path)
+    try:
+        chunks = [json.loads(d) for (d,) in con.execute("SELECT data FROM journal")]
+    finally:
+        con.close()
+    made = [m for ch in chunks for m in ch if m[2] == ev.NODE_CREATE]
+    assert made and all(type(m[6][2]) is int for m in made)
+    return made[-1][3]
+
+
+NODE_TOKEN_CASES = {
+    "row missing": (lambda n: ("DELETE FROM node_tokens WHERE node = ?", (n,)), "has no row"),
+    "a token short": (lambda n: ("UPDATE node_tokens SET tokens = substr(tokens, 1, "
+                                 "length(tokens) - 4) WHERE node = ?", (n,)), "holds"),
+    "not packed": (lambda n: ("UPDATE node_tokens SET tokens = X'64000000000000F03F' "
+                              "WHERE node = ?", (n,)), "not a packed token array"),
+    "text": (lambda n: ("UPDATE node_tokens SET tokens = 'I1234' WHERE node = ?", (n,)),
+             "not a packed token array"),
+}
+
+
+@pytest.mark.parametrize("case", list(NODE_TOKEN_CASES))
+def test_a_created_nodes_tokens_damaged_in_node_tokens(case, good_store, tmp_path):
+    """The journal's node.create names its token count and the reader fetches the tokens from
+    ``node_tokens``: a row missing, short or not packed is a ValueError naming the file and
+    the node, from every reader of the journal."""
+    path = copy(good_store, tmp_path)
+    node = _a_created_node(path)
+    make, words = NODE_TOKEN_CASES[case]
+    statement, args = make(node)
+    sql(path, statement, args=args)
+    with telemetry.open_store(path) as r:
+        expect(r.journal, ValueError, str(path), str(node), words)
+        expect(r.mutations, ValueError, str(path), str(node), words)
 
 
 # ---- bundles ----------------------------------------------------------------------------------

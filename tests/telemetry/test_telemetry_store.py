@@ -9,6 +9,7 @@ import pytest
 
 from radixscope import telemetry
 from radixscope.cache import HiRadixCache
+from radixscope.cache import events as ev
 from radixscope.cache.events import OpRecord
 from radixscope.telemetry.record import sink
 from radixscope.telemetry.store import keyframes
@@ -121,7 +122,51 @@ def test_journal_chunks_read_by_range_and_through_the_sql_view(tmp_path):
             assert [m[0] for m in r.journal(lo, hi)] == want["seq"].tolist()
         view = r._con.execute("SELECT * FROM mutations ORDER BY seq").fetchall()
         assert [row[:6] for row in view] == [tuple(m[:6]) for m in r.journal()]
-        assert [json.loads(row[6]) for row in view] == full["value"].tolist()
+        # the view shows values as stored: a node.create names its token count (schema 5)
+        stored = [json.loads(row[6]) for row in view]
+        read = full["value"].tolist()
+        creates = [i for i, row in enumerate(view) if row[2] == ev.NODE_CREATE]
+        assert creates
+        for i in creates:
+            assert stored[i][:2] == read[i][:2] and stored[i][2] == len(read[i][2]) > 0
+        assert [v for i, v in enumerate(stored) if i not in creates] == \
+            [v for i, v in enumerate(read) if i not in creates]
+
+
+def test_each_token_is_stored_once_and_a_schema_4_store_still_reads(tmp_path):
+    """A created node's tokens go to ``node_tokens`` only; its journal entry names their count
+    (schema 5). A schema 4 store (tokens inline in the journal, as before) reads the same."""
+    import json
+    rig = Rig(tmp_path, keyframe_every=7, device_tokens=24, host_tokens=48)
+    snaps = _drive(rig)
+    rig.close()
+    with telemetry.open_store(rig.store_path) as r:
+        journal, frame = r.journal(), r.mutations()
+        states = {seq: r.state_at(seq) for seq in snaps}
+    assert states == snaps
+    con = sqlite3.connect(rig.store_path)
+    chunks = con.execute("SELECT seq_first, data FROM journal").fetchall()
+    blobs = dict(con.execute("SELECT node, tokens FROM node_tokens"))
+    creates = 0
+    for seq_first, data in chunks:  # rewrite the store as schema 4 wrote it
+        chunk = json.loads(data)
+        for m in chunk:
+            if m[2] == ev.NODE_CREATE:
+                creates += 1
+                tokens = keyframes.unpack_tokens(blobs[m[3]]).tolist()
+                assert m[6][2] == len(tokens)  # a count, not the tokens
+                m[6][2] = tokens
+        con.execute("UPDATE journal SET data = ? WHERE seq_first = ?",
+                    (json.dumps(chunk), seq_first))
+    assert creates >= 5
+    con.execute("UPDATE info SET value = ? WHERE key = 'schema'",
+                (json.dumps({"name": "radixscope.telemetry", "version": 4}),))
+    con.commit()
+    con.close()
+    with telemetry.open_store(rig.store_path) as r:
+        assert r.journal() == journal
+        assert r.mutations().equals(frame)
+        assert {seq: r.state_at(seq) for seq in snaps} == snaps
 
 
 def test_metric_samples_match_the_replayed_pools(tmp_path):
