@@ -150,3 +150,34 @@ def test_a_waiting_host_runs_the_writer_at_its_own_priority(tmp_path):
     tel.flush()  # raised for the wait, restored after
     assert os.getpriority(os.PRIO_PROCESS, pid) == niced
     tel.close()
+
+
+def test_the_writers_small_page_cache_commits_a_batch_larger_than_itself(tmp_path):
+    """The writer's page cache is ``WRITER_CACHE_KIB`` (it appends; a larger cache only fills
+    the last-level cache the cache's thread shares). A batch far larger than that cache spills
+    pages to the WAL before its commit, and a reader sees all of it, exactly, once committed."""
+    import sqlite3
+
+    from radixscope.telemetry.store.schema import WRITER_CACHE_KIB
+    from radixscope.telemetry.store.writer import StoreWriter
+    path = resolve_new_store(tmp_path / "s.db", overwrite=True)
+    create_store(path, {}, overwrite=True)
+    w = StoreWriter(path)
+    assert w.con.execute("PRAGMA cache_size").fetchone()[0] == -WRITER_CACHE_KIB
+    blob = os.urandom(16 * WRITER_CACHE_KIB * 1024)  # 16x the cache, incompressible
+    tokens = array("Q", range(100_000))
+    muts = [(s, 1, "node.create", 100 + s, None, None, (1, None, tokens[s:s + 5000]))
+            for s in range(1, 21)]
+    w.write_journal(muts)
+    w.write_keyframe(20, blob, ts_ns=1)
+    reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        assert reader.execute("SELECT count(*) FROM keyframes").fetchone()[0] == 0  # not yet
+        w.commit()
+        assert reader.execute("SELECT snapshot FROM keyframes").fetchone()[0] == blob
+    finally:
+        reader.close()
+        w.close()
+    with telemetry.open_store(path) as r:
+        got = r.journal()
+    assert [m[6][2] for m in got] == [tuple(tokens[s:s + 5000]) for s in range(1, 21)]
