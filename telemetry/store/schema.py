@@ -172,8 +172,8 @@ def connect_writer(path: str | os.PathLike) -> sqlite3.Connection:
     Its page cache is ``WRITER_CACHE_KIB``: it appends, so a page it writes is rarely read
     again, and a larger cache only fills the last-level cache it shares with the cache's
     thread. With 256 KiB the writer's CPU an op did not change, and telemetry's cost at 1 k
-    nodes read 7.1 % against 7.7 % (medians of 8 alternating runs each; bench/RESULTS.md,
-    #17, twenty-eighth round)."""
+    nodes read 7.3 % (median of 11 runs) against 7.7 % (8 runs, alternated): within the
+    noise, and free (bench/RESULTS.md, #17, twenty-eighth round)."""
     con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=NORMAL")
