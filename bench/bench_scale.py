@@ -412,8 +412,6 @@ class Run:
             self._shipping = (rec.encode_batch, pipe.interval_s)
         rec.encode_batch, pipe.interval_s = ((HELD_BATCH, HELD_INTERVAL_S) if held
                                              else self._shipping)
-        with rec._buf_lock:
-            rec._set_limit()
         cycles = pipe.cycles
         rec.wake.set()
         deadline = time.monotonic() + 5.0

@@ -113,7 +113,7 @@ class TelemetryRecorder(FlightRecorder):
         self.health = health
         self.overflow = overflow
         self.block_timeout_s = block_timeout_s
-        self.encode_batch = encode_batch
+        self._encode_batch = encode_batch
         self.encoder = encoder
         self.pending: collections.deque[tuple[int, bytes]] = collections.deque()  # (records, blob)
         self.queued = 0  # records in ``pending``
@@ -152,6 +152,21 @@ class TelemetryRecorder(FlightRecorder):
         self._set_limit()
 
     @property
+    def encode_batch(self) -> int:
+        """Records buffered a batch: the cache's thread wakes the drain thread at each multiple."""
+        return self._encode_batch
+
+    @encode_batch.setter
+    def encode_batch(self, value: int) -> None:
+        """Takes effect from the next record: the sink's limit is set again at once (set from
+        the cache's thread, or with the cache idle)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"encode_batch={value!r}: must be an int >= 1")
+        self._encode_batch = value
+        with self._buf_lock:
+            self._set_limit()
+
+    @property
     def recorded_seq(self) -> int:
         """seq_last of the newest op recorded (-1 before any)."""
         sink = self._sink
@@ -169,7 +184,7 @@ class TelemetryRecorder(FlightRecorder):
         sink = self._sink
         if sink is not None:
             held = len(self._parts) + self._chunked
-            batch = self.encode_batch
+            batch = self._encode_batch
             due = (held + sink.n) // batch * batch + batch
             sink.limit = min(due, self._capacity - self.queued) - held
 
@@ -202,7 +217,7 @@ class TelemetryRecorder(FlightRecorder):
                     parts.append(_MARSHAL(rec, _MARSHAL_VERSION))
                 except ValueError:
                     parts.append(rec)  # joined by join_encoded's fallback
-                if (len(parts) + self._chunked) % self.encode_batch == 0:
+                if (len(parts) + self._chunked) % self._encode_batch == 0:
                     self.wake.set()  # a batch is due: the drain thread joins and queues it
             else:
                 self._overflow(op, mutations)

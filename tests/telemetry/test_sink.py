@@ -411,6 +411,28 @@ def test_the_cache_thread_wakes_the_drain_thread_for_a_batch_and_never_joins_one
 
 
 @pytest.mark.parametrize("encoder", ["native", "python"])
+def test_a_new_encode_batch_takes_effect_from_the_next_record(encoder: str) -> None:
+    """``encode_batch`` set on a live recorder holds from the next record: the native sink's
+    limit is set again at once (before, it kept waking the drain thread at the old size)."""
+    if encoder == "native":
+        needs_native()
+    rec = TelemetryRecorder(Health(), encode_batch=100, encoder=encoder)
+    feed(rec, workload()[:2])
+    rec.encode_batch = 3
+    feed(rec, workload()[2:4])  # the batch is due at the 3rd record (the sink: on the 4th)
+    assert rec.wake.is_set() and rec.buffered() == 4
+    rec.wake.clear()
+    rec.encode_batch = 50
+    feed(rec, workload()[4:9])
+    assert not rec.wake.is_set()
+    for bad in (0, -1, True, 2.0, "3"):
+        with pytest.raises(ValueError, match=f"encode_batch={bad!r}"):
+            rec.encode_batch = bad
+    assert rec.encode_batch == 50
+    assert [r[0] for r in shipped(rec)] == list(range(9))
+
+
+@pytest.mark.parametrize("encoder", ["native", "python"])
 def test_a_full_recorder_drops_and_counts_on_either_encoder(encoder: str) -> None:
     if encoder == "native":
         needs_native()
