@@ -95,8 +95,9 @@ class StoreReader:
             rows = con.execute("SELECT key, value FROM info").fetchall()
         try:
             return {k: json.loads(v) for k, v in rows}
-        except TypeError as e:
-            raise Malformed(f"an info value is not JSON text: {e}") from None
+        except (TypeError, ValueError) as e:  # ValueError: an integer past json's digit limit
+            raise Malformed(f"an info value is not JSON text: {type(e).__name__}: {e}"
+                            ) from None
 
     @file_errors
     def ops(self, op: str | None = None, since_op_id: int | None = None) -> pd.DataFrame:

@@ -215,9 +215,9 @@ def journal_rows(con: sqlite3.Connection, lo: int | None, hi: int | None) -> lis
                           or (hi is not None and chunk[-1][0] > hi)):
                 chunk = [m for m in chunk
                          if (lo is None or m[0] >= lo) and (hi is None or m[0] <= hi)]
-        except TypeError as e:
-            raise Malformed(f"a journal chunk is malformed (row seq_first={seq_first}): {e}"
-                            ) from None
+        except (TypeError, ValueError) as e:  # ValueError: an integer past json's digit limit
+            raise Malformed(f"a journal chunk is malformed (row seq_first={seq_first}): "
+                            f"{type(e).__name__}: {e}") from None
         out.extend(chunk)
     _tokens_back(con, out)
     return out
@@ -231,21 +231,26 @@ def _tokens_back(con: sqlite3.Connection, rows: list[list]) -> None:
              and len(m[6]) == 3 and type(m[6][2]) is int]
     if not named:
         return
-    ids = sorted({m[3] for m in named if type(m[3]) is int})
+    bad = next((m for m in named if type(m[3]) is not int), None)
+    if bad is not None:
+        raise Malformed(f"journal mutation at seq {bad[0]}: node.create of node {bad[3]!r:.40}, "
+                        "expected a node id (an integer)")
+    ids = sorted({m[3] for m in named})
     blobs = dict(con.execute("SELECT node, tokens FROM node_tokens WHERE node IN "
                              "(SELECT value FROM json_each(?))", (json.dumps(ids),)))
     for m in named:
         n = m[6][2]
+        blob = blobs.get(m[3])
+        if blob is None:
+            raise Malformed(f"journal mutation at seq {m[0]}: node.create of node {m[3]} names "
+                            f"{n!r:.40} tokens, and node_tokens has no row for it")
         try:
-            toks = unpack_tokens(blobs[m[3]])
-        except (KeyError, TypeError):
-            raise Malformed(f"journal mutation at seq {m[0]}: node.create of node {m[3]!r} "
-                            f"names {n} tokens, and node_tokens has no row for it") from None
+            toks = unpack_tokens(blob)
         except ValueError as e:
-            raise Malformed(f"node_tokens row of node {m[3]!r}: {e}") from None
+            raise Malformed(f"node_tokens row of node {m[3]}: {e}") from None
         if len(toks) != n:
             raise Malformed(f"journal mutation at seq {m[0]}: node.create of node {m[3]} "
-                            f"names {n} tokens, its node_tokens row holds {len(toks)}")
+                            f"names {n!r:.40} tokens, its node_tokens row holds {len(toks)}")
         m[6] = [m[6][0], m[6][1], toks.tolist()]
 
 

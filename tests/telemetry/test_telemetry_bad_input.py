@@ -387,6 +387,49 @@ def test_a_created_nodes_tokens_damaged_in_node_tokens(case, good_store, tmp_pat
         expect(r.mutations, ValueError, str(path), str(node), words)
 
 
+def _append_create(path: Path, node: str, count: str) -> None:
+    """Append a journal chunk with one node.create whose node id and token count are the JSON
+    texts given (what a crafted file can hold)."""
+    con = sqlite3.connect(path)
+    top = con.execute("SELECT max(seq_last) FROM journal").fetchone()[0] or 0
+    s = top + 1
+    data = f'[[{s}, 0, "{ev.NODE_CREATE}", {node}, null, null, [1, null, {count}]]]'
+    con.execute("INSERT INTO journal VALUES (?, ?, ?)", (s, s, data))
+    con.commit()
+    con.close()
+
+
+JOURNAL_VALUE_CASES = {
+    "node id a float": (lambda p: _append_create(p, "1.0", "3"), "expected a node id"),
+    "node id a string": (lambda p: _append_create(p, '"1"', "3"), "expected a node id"),
+    "count of 5,000 digits": (lambda p: _append_create(p, "424242", "9" * 5000),
+                              "journal chunk is malformed"),
+    "count of a node with no row": (lambda p: _append_create(p, "424242", "3"), "has no row"),
+}
+
+
+@pytest.mark.parametrize("case", list(JOURNAL_VALUE_CASES))
+def test_a_crafted_node_create_is_one_clear_error(case, good_store, tmp_path):
+    """A node.create naming its token count with an id that is not an integer (which could
+    otherwise borrow another node's tokens), a count past json's digit limit, or no
+    node_tokens row: one ValueError naming the file, short, from every reader of the
+    journal."""
+    path = copy(good_store, tmp_path)
+    change, words = JOURNAL_VALUE_CASES[case]
+    change(path)
+    with telemetry.open_store(path) as r:
+        for read in (r.journal, r.mutations):
+            msg = expect(read, ValueError, str(path), words)
+            assert len(msg) < 600, msg[:200]
+
+
+def test_an_info_value_past_jsons_digit_limit_is_a_clear_error(good_store, tmp_path):
+    path = copy(good_store, tmp_path)
+    sql(path, "UPDATE info SET value = ? WHERE key = 'stats'", args=("9" * 5000,))
+    with telemetry.open_store(path) as r:
+        expect(r.info, ValueError, str(path), "not JSON text")
+
+
 # ---- bundles ----------------------------------------------------------------------------------
 def _live(change: Callable[[dict], dict]) -> Callable[[Path], None]:
     def apply(p: Path) -> None:

@@ -170,6 +170,8 @@ def test_the_writers_small_page_cache_commits_a_batch_larger_than_itself(tmp_pat
             for s in range(1, 21)]
     w.write_journal(muts)
     w.write_keyframe(20, blob, ts_ns=1)
+    wal = path.with_name(path.name + "-wal")
+    assert wal.stat().st_size > len(blob) // 2  # spilled into the WAL, not held in the cache
     reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         assert reader.execute("SELECT count(*) FROM keyframes").fetchone()[0] == 0  # not yet
