@@ -1,6 +1,6 @@
 """Where ``tel.close()`` spends its time, faster than ``bench_scale.py --scale 100k``.
 
-Fills one cache with full telemetry (``bench_scale.Run``: the same chat workload, writer
+Fills one cache with full telemetry (``scale_run.Run``: the same chat workload, writer
 process, store, spans) to ``--nodes`` resident nodes, runs ``--requests`` requests, then times
 separately: the writer's backlog (``tel.flush()``; skipped with ``--no-flush``, so close
 includes it as in ``bench_scale.py``), the close request's acknowledgement, the wait for the
@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_scale  # noqa: E402
+import scale_run  # noqa: E402
 
 from radixscope.telemetry.sinks import transport  # noqa: E402
 
@@ -47,7 +47,7 @@ def main() -> None:
     pt._request = _timed("ack", pt._request, times)
     with tempfile.TemporaryDirectory(prefix="bench_close_") as d:
         t0 = time.perf_counter()
-        r = bench_scale.Run("telemetry", args.nodes, ("full",), True, d, False)
+        r = scale_run.Run("telemetry", args.nodes, ("full",), True, d, False)
         print(f"fill: {r.fill_requests} requests, {len(r.c.tree.nodes) - 1} nodes, "
               f"{time.perf_counter() - t0:.1f} s")
         r.batch(args.requests, quiesce=False)  # the backlog is what is timed below

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_scale import Chat, make_cache, one_request  # noqa: E402
+from scale_workload import Chat, make_cache, one_request  # noqa: E402
 
 NODES = 1_000
 DRAIN = "radixscope-telemetry-drain"

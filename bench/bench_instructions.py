@@ -76,7 +76,7 @@ def child(variant: str, requests: int) -> None:
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE.parents[1]))
     import torch
-    from bench_scale import Chat, make_cache, one_request
+    from scale_workload import Chat, make_cache, one_request
 
     from radixscope.cache import ledger, recording
     from radixscope.cache.op_attrs import OP_ATTRS, PY_ATTRS
@@ -123,7 +123,7 @@ def child(variant: str, requests: int) -> None:
         led.on = op in recorded
         c._on = led.on and sites
 
-    for j in range(requests):  # bench_scale.one_request, switching recording per op
+    for j in range(requests):  # scale_workload.one_request, switching recording per op
         key, rid = chat.next(), f"r{j}"
         on("match")
         m = c.match_prefix(key, req_id=rid)

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from bench_record_cost import DiscardRecorder  # noqa: E402
-from bench_scale import SCALES, Run, workload_args  # noqa: E402
+from scale_run import Run, workload_args  # noqa: E402
+from scale_workload import SCALES  # noqa: E402
 
 from radixscope.cache import ledger, recording  # noqa: E402
 from radixscope.cache.op_attrs import OP_ATTRS  # noqa: E402

@@ -50,9 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from bench_scale import SCALES, Run, parse_workload, workload_args  # noqa: E402
 from bench_telemetry import NullTransport  # noqa: E402
+from scale_run import Run, parse_workload, workload_args  # noqa: E402
 from scale_stats import ops_in, paired_costs  # noqa: E402
+from scale_workload import SCALES  # noqa: E402
 
 from radixscope.cache import native, recording  # noqa: E402
 from radixscope.cache.events import Recorder  # noqa: E402

@@ -16,7 +16,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import bench_scale as bs  # noqa: E402
+import scale_probes  # noqa: E402
+import scale_run  # noqa: E402
 
 
 def _stored_ops(store: str) -> int:
@@ -28,7 +29,7 @@ def _stored_ops(store: str) -> int:
 
 
 def _stopped(pid: int) -> bool:
-    return bs.process_state(pid) == "T"
+    return scale_probes.process_state(pid) == "T"
 
 
 def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_resumes(tmp_path):
@@ -36,7 +37,7 @@ def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_re
     store holds them all (nothing left to run on into the next batch); a batch run with
     ``quiesce=False`` leaves its backlog, which ``quiesce`` then drains. A paused writer is
     stopped while its batch runs and running again after."""
-    r = bs.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
+    r = scale_run.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
     writer = r.tel.pipeline.transport.process
     try:
         assert _stored_ops(r.store) == r.ops  # the fill's records, all stored
@@ -55,7 +56,7 @@ def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_re
             time.sleep(0.001)
         assert not _stopped(writer.pid)
         assert _stored_ops(r.store) == r.ops
-        bs.stop_process(writer.pid)  # (so no drain can store the backlog meanwhile)
+        scale_probes.stop_process(writer.pid)  # (so no drain can store the backlog meanwhile)
         r.batch(20, quiesce=False)
         assert seen == [True, True] and _stored_ops(r.store) < r.ops
         os.kill(writer.pid, signal.SIGCONT)
@@ -83,14 +84,14 @@ def test_a_held_pipeline_ships_nothing_during_its_batch_and_everything_after(tmp
     runs no drain cycle and the store gains nothing (the batch's records wait in the
     recorder); released, the recorder's own settings are back, a quiesce stores every op, and
     the next batch ships while it runs."""
-    r = bs.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
+    r = scale_run.Run("telemetry", 1000, ("full",), True, str(tmp_path), False)
     pipe, rec = r.tel.pipeline, r.tel.recorder
     try:
         assert _stored_ops(r.store) == r.ops
         rec.encode_batch = 8
         stored = r.ops
         r.hold(True)
-        assert pipe.interval_s == bs.HELD_INTERVAL_S and rec.encode_batch == bs.HELD_BATCH
+        assert pipe.interval_s == scale_run.HELD_INTERVAL_S and rec.encode_batch == scale_run.HELD_BATCH
         cycles = pipe.cycles
         r.batch(60, quiesce=False)
         time.sleep(0.2)  # past the drain thread's own period
@@ -143,18 +144,18 @@ def test_a_batch_starts_with_the_young_generations_empty(tmp_path, monkeypatch):
     nodes): at the batch's first request, neither young generation holds them."""
     import gc
 
-    r = bs.Run("baseline", 1000, ("full",), False, str(tmp_path), False)
+    r = scale_run.Run("baseline", 1000, ("full",), False, str(tmp_path), False)
     before = gc.get_threshold()
     keep: list = []
     counts: list = []
-    real = bs.one_request
+    real = scale_run.one_request
 
     def first(*args):
         if not counts:
             counts.append(gc.get_count())
         return real(*args)
 
-    monkeypatch.setattr(bs, "one_request", first)
+    monkeypatch.setattr(scale_run, "one_request", first)
     try:
         gc.set_threshold(1_000_000, 1_000, 1_000)
         gc.collect()
