@@ -17,9 +17,10 @@ import random
 import statistics
 import time
 
+import scale_workload  # bench/: the script's folder is on the path
 import torch
 
-from radixscope.cache import CacheConfig, HiRadixCache, TokenKey
+from radixscope.cache import HiRadixCache, TokenKey
 from radixscope.cache.events import FlightRecorder, NullRecorder
 
 SYS_LEN, TURN = 64, 32
@@ -47,14 +48,7 @@ class Chat:
 
 
 def make_cache(nodes: int, components: tuple[str, ...], recorder) -> HiRadixCache:
-    tokens = nodes * TURN
-    kw = dict(page_size=1, device_tokens=tokens, host_tokens=0, components=components,
-              layers=1, heads=1, head_dim=1, dtype=torch.float16, device="cpu")
-    if "swa" in components:
-        kw.update(sliding_window=64, swa_device_tokens=tokens, swa_host_tokens=0, swa_layers=1)
-    if "mamba" in components:
-        kw.update(mamba_slots=nodes + 64, mamba_host_slots=0, mamba_state_shape=(1,))
-    return HiRadixCache(CacheConfig(**kw), recorder=recorder)
+    return scale_workload.make_cache(nodes, components, recorder, tokens_per_node=TURN, window=64)
 
 
 CLOCK = time.thread_time_ns  # CPU time of this thread: robust to a busy, shared machine

@@ -51,14 +51,19 @@ class Chat:
         return sum(c.buffer_info()[1] * c.itemsize for c in self.convs + self.prompts)
 
 
-def make_cache(nodes: int, components: tuple[str, ...], recorder) -> HiRadixCache:
-    tokens = nodes * TOKENS_PER_NODE
+def make_cache(nodes: int, components: tuple[str, ...], recorder,
+               tokens_per_node: int = TOKENS_PER_NODE, window: int = 256) -> HiRadixCache:
+    """A page-1 cache on the CPU, its device pools sized for ``nodes`` resident nodes of
+    ``tokens_per_node`` tokens (no host tier; one-element KV, so the pools cost little memory);
+    ``window``: the SWA window, and the MAMBA slots beyond one a node."""
+    tokens = nodes * tokens_per_node
     kw = dict(page_size=1, device_tokens=tokens, host_tokens=0, components=components,
               layers=1, heads=1, head_dim=1, dtype=torch.float16, device="cpu")
     if "swa" in components:
-        kw.update(sliding_window=256, swa_device_tokens=tokens, swa_host_tokens=0, swa_layers=1)
+        kw.update(sliding_window=window, swa_device_tokens=tokens, swa_host_tokens=0,
+                  swa_layers=1)
     if "mamba" in components:
-        kw.update(mamba_slots=nodes + 256, mamba_host_slots=0, mamba_state_shape=(1,))
+        kw.update(mamba_slots=nodes + window, mamba_host_slots=0, mamba_state_shape=(1,))
     return HiRadixCache(CacheConfig(**kw), recorder=recorder)
 
 
