@@ -79,8 +79,8 @@ class StoreWriter:
 
     def write_mutations(self, mutations: list[tuple]) -> None:
         """One ``journal`` chunk: mutations in increasing seq order, after the last chunk's,
-        a created node's tokens inline (a store whose node ids may repeat: the KV-event
-        watcher's)."""
+        a created node's tokens inline (the KV-event watcher's stores, which write no
+        ``node_tokens`` rows)."""
         if mutations:
             self._tx().execute(_JOURNAL_SQL, journal_chunk(mutations))
 
