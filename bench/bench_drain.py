@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import scale_workload  # noqa: E402
 from scale_workload import Chat, make_cache, one_request  # noqa: E402
 
 NODES = 1_000
@@ -44,10 +45,7 @@ DRAIN = "radixscope-telemetry-drain"
 
 
 def fill(c, chat: Chat) -> None:
-    i = 0
-    while len(c.tree.nodes) - 1 < NODES or c.available() > c.config.device_tokens // 50:
-        one_request(c, chat.next(), None, f"w{i}")
-        i += 1
+    scale_workload.fill(c, chat, NODES)
 
 
 def timed_drain(pipeline) -> list[tuple[int, int]]:

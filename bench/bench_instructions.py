@@ -13,7 +13,8 @@ every public op); then ``--requests`` requests run on the native ledger, with re
 for the ops a variant names (the rest run plainly). Variants:
 
 - ``off``: recording off (the baseline);
-- ``match`` / ``insert`` / ``evict``: one op recorded (its attributes, its mutations, its encode);
+- ``match`` / ``insert`` / ``evict`` / ``lock`` / ``alloc`` / ``unlock``: one op recorded (its
+  attributes, its mutations, its encode);
 - ``on``: match, insert and evict recorded: the ops issue 17's ops/s counts (the ledger's
   records direct: ``cache/_direct.h``);
 - ``nodirect``: as ``on``, with the ledger's ``direct = False`` (tuples made, then encoded);
@@ -56,6 +57,9 @@ VARIANTS = {  # name -> (ops recorded, flags, what it is)
     "match": (("match",), (), "match recorded"),
     "insert": (("insert",), (), "insert recorded"),
     "evict": (("evict",), (), "evict recorded"),
+    "lock": (("lock",), (), "lock recorded"),
+    "alloc": (("alloc",), (), "alloc recorded"),
+    "unlock": (("unlock",), (), "unlock recorded"),
     "on": (("match", "insert", "evict"), (), "match + insert + evict recorded"),
     "nodirect": (("match", "insert", "evict"), ("nodirect",), "on, direct records off"),
     "all": (OPS, (), "every op recorded"),
@@ -76,7 +80,7 @@ def child(variant: str, requests: int) -> None:
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE.parents[1]))
     import torch
-    from scale_workload import Chat, make_cache, one_request
+    from scale_workload import Chat, fill, make_cache, one_request
 
     from radixscope.cache import ledger, recording
     from radixscope.cache.op_attrs import OP_ATTRS, PY_ATTRS
@@ -101,12 +105,12 @@ def child(variant: str, requests: int) -> None:
     python = ledger.PyLedger(c, rec.record, ctx, OP_ATTRS, True)  # not counted
     use(python, True)
     chat = Chat(active=max(16, 1000 // 12))
-    i = 0
-    while len(c.tree.nodes) - 1 < 1000 or c.available() > c.config.device_tokens // 50:
-        one_request(c, chat.next(), None, f"w{i}")
-        i += 1
-        if i % 1000 == 0:
+
+    def each(i: int, _calls: int) -> None:
+        if (i + 1) % 1000 == 0:
             drop()
+
+    i = fill(c, chat, 1000, each)
     for _ in range(200):
         one_request(c, chat.next(), None, f"w{i}")
         i += 1

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_scale as bs  # noqa: E402
+import scale_workload as bs  # noqa: E402
 import torch  # noqa: E402
 
 from radixscope.telemetry.options import TelemetryOptions  # noqa: E402
@@ -49,10 +49,7 @@ from radixscope.telemetry.store.schema import create_store  # noqa: E402
 def filled(nodes: int, recorder) -> tuple:
     c = bs.make_cache(nodes, ("full",), recorder)
     chat = bs.Chat(active=max(16, nodes // 12))
-    i = 0
-    while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
-        bs.one_request(c, chat.next(), None, f"w{i}")
-        i += 1
+    bs.fill(c, chat, nodes)
     return c, chat
 
 

@@ -26,7 +26,15 @@ from scale_probes import (  # noqa: E402
     thread_faults,
 )
 from scale_stats import NOT_OPS, OPS, by_depth, ops_in, timed_ops_s  # noqa: E402
-from scale_workload import CLOCK, SCALES, Chat, kv_bytes, make_cache, one_request  # noqa: E402
+from scale_workload import (  # noqa: E402
+    CLOCK,
+    SCALES,
+    Chat,
+    fill,
+    kv_bytes,
+    make_cache,
+    one_request,
+)
 
 DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buffer
 HELD_BATCH = 1 << 40  # a held recorder's encode_batch: it never wakes the drain thread
@@ -56,14 +64,15 @@ class Run:
         self.c = make_cache(nodes, comps, recorder)
         self.chat = Chat(active=max(16, nodes // 12))
         t0 = time.perf_counter()
-        i = 0
         c = self.c
         self.ops = 0
-        while len(c.tree.nodes) - 1 < nodes or c.available() > c.config.device_tokens // 50:
-            self.ops += one_request(c, self.chat.next(), None, f"w{i}")
-            i += 1
-            if i % DISCARD_EVERY == 0:
+
+        def each(i: int, calls: int) -> None:
+            self.ops += calls
+            if (i + 1) % DISCARD_EVERY == 0:
                 self.discard()
+
+        i = fill(c, self.chat, nodes, each)
         for _ in range(max(200, nodes // 20)):  # settle into steady-state eviction
             self.ops += one_request(c, self.chat.next(), None, f"w{i}")
             i += 1

@@ -24,6 +24,7 @@ TOKENS_PER_NODE = 216  # resident tokens per node on this workload (measured)
 # SGLang's scheduler does: with SWA / MAMBA a conversation then reuses a shared system prompt
 BRANCHING = True
 CLOCK = time.thread_time_ns
+STALL = 2_000  # requests with no new node count that end a fill short of its nodes (``fill``)
 
 
 class Chat:
@@ -65,6 +66,29 @@ def make_cache(nodes: int, components: tuple[str, ...], recorder,
     if "mamba" in components:
         kw.update(mamba_slots=nodes + window, mamba_host_slots=0, mamba_state_shape=(1,))
     return HiRadixCache(CacheConfig(**kw), recorder=recorder)
+
+
+def fill(c: HiRadixCache, chat: Chat, nodes: int, each=None) -> int:
+    """Run requests until the tree holds ``nodes`` resident nodes and its FULL device pool is
+    full (under a fiftieth of it free); returns the requests run. ``each(i, calls)`` runs after
+    request ``i`` (``one_request``'s count of cache calls).
+
+    The pools are sized by ``TOKENS_PER_NODE``, a mean: a tree whose nodes run longer fills its
+    pool short of ``nodes`` and never reaches it (at 200 nodes, 162). So the fill also ends once
+    the pool is full and the node count has not passed its highest for ``max(STALL, nodes)``
+    requests."""
+    full = c.config.device_tokens // 50
+    most = grew_at = i = 0
+    while True:
+        calls = one_request(c, chat.next(), None, f"w{i}")
+        if each is not None:
+            each(i, calls)
+        i += 1
+        n = len(c.tree.nodes) - 1
+        if n > most:
+            most, grew_at = n, i
+        if c.available() <= full and (n >= nodes or i - grew_at >= max(STALL, nodes)):
+            return i
 
 
 def kv_bytes(c: HiRadixCache) -> int:
