@@ -252,7 +252,7 @@ def main() -> None:
     requests = sum(b["n"] for r in runs for b in r.batches)
     print(f"  garbage collector: {GC_PAUSES.line(requests)}; a full collection "
           f"{full_gc_ms:.1f} ms with every cache resident")
-    print_targets(args.scale, runs, sums, closes)
+    print_targets(args.scale, runs, sums, closes, comps)
     if args.pause_writer or args.no_quiesce:
         print("  (with --pause-writer or --no-quiesce the telemetry row above is not the "
               "target's measure: run without them to judge it)")

@@ -83,9 +83,13 @@ def by_depth(calls: list[tuple[int, int]]) -> dict | None:
             "worst": (worst[0], worst[2] / worst[1])}
 
 
-def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float]) -> None:
+def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float],
+                  comps: tuple[str, ...] = ("full",)) -> None:
     """Issue 17's targets that one run can judge, each with its figure and whether it holds
-    (store bytes per op and the per-evict ratio compare two scales: run both)."""
+    (store bytes per op and the per-evict ratio compare two scales: run both). The request's
+    85 us and telemetry's 5 % are set on FULL alone (SGLang's classic cache has no SWA or
+    MAMBA): with other components their figures are printed, not judged."""
+    full = tuple(comps) == ("full",)
     rows = []
     for r, s in zip(runs, sums, strict=True):
         op, ratio = max(((op, s[op][1] / s[op][0]) for op in (*ops_in(r.batches), "request")),
@@ -98,7 +102,7 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float])
     if len(runs) > 1 and runs[1].tel is not None:  # (a control cache comes after it)
         b, t = sums[:2]
         rows.append(("request with telemetry <= 85 us (median)", f"{t['request'][0]:.1f} us",
-                     t["request"][0] <= 85))
+                     t["request"][0] <= 85 if full else "info"))
         costs = paired_costs(runs[0].batches, runs[1].batches)
         cost = statistics.median(costs)
         lo, hi = median_ci(costs)
@@ -107,11 +111,13 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float])
                      f"{cost * 100:.1f} % (95 % interval {lo * 100:.1f}-{hi * 100:.1f} %, pairs "
                      f"{min(costs) * 100:.1f}-{max(costs) * 100:.1f} %, best batches "
                      f"{(1 - t['ops_s'] / b['ops_s']) * 100:.1f} %)",
-                     True if hi <= 0.05 else False if lo > 0.05 else None))
+                     (True if hi <= 0.05 else False if lo > 0.05 else None) if full
+                     else "info"))
         rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
-    print("  issue 17 targets (unsure: the figure's 95 % interval spans the target):")
+    print("  issue 17 targets (unsure: the figure's 95 % interval spans the target"
+          + ("" if full else "; not judged: a target set on FULL alone") + "):")
     for what, value, ok in rows:
-        print(f"    {VERDICTS[ok]}  {what}: {value}")
+        print(f"    {VERDICTS[ok]:<10}  {what}: {value}")
 
 
-VERDICTS = {True: "met    ", False: "NOT met", None: "unsure "}
+VERDICTS = {True: "met    ", False: "NOT met", None: "unsure ", "info": "not judged"}

@@ -123,6 +123,22 @@ def test_the_split_run_prints_both_modes_and_the_pipelines_share():
     assert bad.returncode == 2 and "--split takes none of" in bad.stderr
 
 
+def test_a_hybrid_run_prints_the_full_only_targets_unjudged():
+    """The request's 85 us and telemetry's 5 % are FULL's targets (the issue's workload, SGLang's
+    classic cache): a run with SWA printed them as NOT met."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_scale.py"), "--scale", "1k", "--requests", "30",
+         "--reps", "2", "--components", "full,swa"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    targets = out.stdout[out.stdout.index("issue 17 targets"):]
+    assert "not judged: a target set on FULL alone" in targets
+    for row in ("request with telemetry <= 85 us", "telemetry costs <= 5 % of ops/s"):
+        line = next(x for x in targets.splitlines() if row in x)
+        assert line.split()[:2] == ["not", "judged"], line
+    assert "p99 <= 3x median, every op (telemetry)" in targets  # judged for every component set
+
+
 def test_the_medians_interval_is_the_binomial_one():
     """The telemetry target is judged on a 95 % interval for the median of the batch pairs:
     the order statistics the binomial tables give (n = 12: the 3rd and 10th; 24: 7th and 18th;
