@@ -20,6 +20,7 @@ RUNS = {
     "bench_close.py --nodes 200 --requests 30": ("state_at(last_seq) == snapshot: True",),
     "bench_ledger.py --scale 1k --requests 30 --reps 2 --steps": ("on, py ledger",),
     "bench_instructions.py --child on --requests 5": (),
+    "bench_op_record.py --reps 2 --requests 100": ("full/plain",),
     "bench_cache.py --sizes 100 --requests 50 --reps 1": ("records on/off throughput",),
     "bench_drain.py --requests 30 --reps 2": ("drain thread:",),
     "bench_engine.py --reps 1 --requests 10": ("ratio req/s on / off",),
