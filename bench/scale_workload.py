@@ -74,7 +74,7 @@ def fill(c: HiRadixCache, chat: Chat, nodes: int, each=None) -> int:
     request ``i`` (``one_request``'s count of cache calls).
 
     The pools are sized by ``TOKENS_PER_NODE``, a mean: a tree whose nodes run longer fills its
-    pool short of ``nodes`` and never reaches it (at 200 nodes, 162). So the fill also ends once
+    pool short of ``nodes`` and never reaches it (at 200 nodes, 160-180). So the fill also ends once
     the pool is full and the node count has not passed its highest for ``max(STALL, nodes)``
     requests."""
     full = c.config.device_tokens // 50

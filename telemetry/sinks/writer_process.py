@@ -75,11 +75,11 @@ def keep_freed_memory() -> dict[str, int]:
     Each batch the writer receives a few MB of blobs, decodes them into objects and frees it
     all again. With glibc's defaults, buffers past its adaptive threshold are mapped and unmapped
     per batch, and the freed top of the heap is trimmed: the next batch's memory then comes back
-    as fresh pages, which the kernel zeroes, 800-2,800 page faults a batch of 1,500 requests at
-    1 k nodes (3-11 MB written). That memory traffic lands on the cache's thread, which shares
-    the last-level cache and the memory bus (issue 17, twenty-seventh round). Kept, the faults
-    fall to about none once the writer is warm. Only the writer process, which is ours, is
-    tuned: never the host's."""
+    as fresh pages, which the kernel zeroes, 800-3,000 page faults a batch of 1,500 requests at
+    1 k nodes (3-12 MB written). That memory traffic lands on the cache's thread, which shares
+    the last-level cache and the memory bus (bench/RESULTS.md, #17, twenty-seventh and
+    twenty-ninth rounds). Kept, the faults fall to about none once the writer is warm. Only the
+    writer process, which is ours, is tuned: never the host's."""
     if not sys.platform.startswith("linux"):
         return {}
     try:
