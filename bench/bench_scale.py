@@ -29,7 +29,9 @@ median with a 95 % interval (``scale_stats.median_ci``), the figure the target i
 when the interval is below 5 %, NOT met when above, unsure when it spans it; process memory per
 resident token beyond the KV buffers (RSS delta of building and filling the baseline cache, minus
 the KV buffers' bytes, divided by the tokens resident); the minor page faults of the cache's thread
-a batch (median and max: a cache writing into fresh memory every batch); store bytes per op (the
+a batch (median and max: a cache writing into fresh memory every batch), and the writer process's
+(from its flush's stats: a writer whose memory comes back as fresh pages the kernel zeroes,
+traffic the cache's thread shares the memory bus with); store bytes per op (the
 store's pages after ``close()`` over every cache call of the run, fill included) and ``close()``
 time; FULL evict calls by the tokens they were asked for and the nodes they removed (tombstone
 ancestors among them), and the cost per node removed; match calls by the depth of the device path
@@ -192,6 +194,10 @@ def main() -> None:
         if faults:
             print(f"             page faults of the cache's thread a batch: median "
                   f"{statistics.median(faults):.0f}, max {max(faults)}")
+        writer = [b["writer_faults"] for b in r.batches if "writer_faults" in b]
+        if writer:
+            print(f"             the writer process's page faults a batch: median "
+                  f"{statistics.median(writer):.0f}, max {max(writer)}")
         if r.tel is not None:
             print(f"             store {r.store_bytes / max(1, r.ops):.0f} B/op "
                   f"({r.store_bytes / 1e6:.0f} MB, {r.ops} ops), close {cl:.2f} s")

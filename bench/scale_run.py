@@ -78,6 +78,7 @@ class Run:
             i += 1
         self.discard()
         self.quiesce()
+        self._writer_faults = self.writer_faults()
         self.fill_s = time.perf_counter() - t0
         self.fill_requests = i
         gc.collect()
@@ -145,7 +146,9 @@ class Run:
         (the last batch leaves its backlog to ``close()``, which is timed). ``pause_writer``:
         the writer process is stopped (SIGSTOP) while the batch runs and resumed after, so the
         batch pays for the cache's thread alone (the drain thread blocks once the pipe is
-        full): what telemetry costs less what its writer's work on the machine costs."""
+        full): what telemetry costs less what its writer's work on the machine costs. A quiesced
+        batch of a cache with telemetry also counts the writer's page faults during it
+        (``writer_faults``)."""
         writer = self.tel.pipeline.transport.process if pause_writer and self.tel else None
         if writer is not None:
             stop_process(writer.pid)
@@ -154,8 +157,21 @@ class Run:
         finally:
             if writer is not None:
                 os.kill(writer.pid, signal.SIGCONT)
-        if quiesce:
-            self.quiesce()
+        if not quiesce:  # its faults land in no batch's count: the next one starts afresh
+            self._writer_faults = None
+            return
+        self.quiesce()
+        faults = self.writer_faults()
+        if faults is not None and self._writer_faults is not None:
+            self.batches[-1]["writer_faults"] = faults - self._writer_faults
+        self._writer_faults = faults
+
+    def writer_faults(self) -> int | None:
+        """The writer process's minor page faults so far, as its last flush reported them
+        (``keep_freed_memory`` holds them near none once it is warm); None without a writer."""
+        if self.tel is None:
+            return None
+        return (self.tel.pipeline.last_stats or {}).get("process", {}).get("minor_faults")
 
     def _timed_batch(self, requests: int) -> None:
         c = self.c

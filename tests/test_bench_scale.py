@@ -51,6 +51,8 @@ def test_a_quiesced_batch_leaves_nothing_for_the_next_one_and_a_paused_writer_re
         r._timed_batch = timed
         r.batch(20, pause_writer=True)
         assert seen == [True]
+        faults = r.batches[-1]["writer_faults"]  # the writer's, from its flush's stats
+        assert type(faults) is int and faults >= 0
         deadline = time.monotonic() + 5
         while _stopped(writer.pid) and time.monotonic() < deadline:  # (SIGCONT lands async)
             time.sleep(0.001)
@@ -117,6 +119,7 @@ def test_the_split_run_prints_both_modes_and_the_pipelines_share():
     assert "shipping: " in out.stdout and "held: " in out.stdout
     assert "the pipeline's share (drain thread, pipe, writer process)" in out.stdout
     assert "telemetry costs <= 5 % of ops/s" in out.stdout
+    assert "the writer process's page faults a batch: median" in out.stdout
     bad = subprocess.run(
         [sys.executable, str(BENCH / "bench_scale.py"), "--split", "--control"],
         capture_output=True, text=True, timeout=60, check=False)
