@@ -167,8 +167,8 @@ class Run:
         self._writer_faults = faults
 
     def writer_faults(self) -> int | None:
-        """The writer process's minor page faults so far, as its last flush reported them
-        (``keep_freed_memory`` holds them near none once it is warm); None without a writer."""
+        """The writer process's minor page faults so far, as its last flush reported them; None
+        without a writer."""
         if self.tel is None:
             return None
         return (self.tel.pipeline.last_stats or {}).get("process", {}).get("minor_faults")

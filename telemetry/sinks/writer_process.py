@@ -14,7 +14,6 @@ run did not close telemetry (``info["closed"]["clean"]`` false).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -62,33 +61,6 @@ def build_sink(spec: WriterSpec, health: Health) -> Fanout:
 
 _GC_THRESHOLD = (100_000, 50, 1000)
 
-# glibc's ``mallopt`` parameters (malloc.h) and the values the writer sets (``keep_freed_memory``)
-_MALLOPT = (("mmap_threshold", -3, 32 << 20), ("trim_threshold", -1, 128 << 20),
-            ("top_pad", -2, 16 << 20))
-_MALLOC_KEPT: dict[str, int] = {}  # what ``keep_freed_memory`` set in this process
-
-
-def keep_freed_memory() -> dict[str, int]:
-    """Have the C allocator keep the memory this process frees (up to 128 MiB of it) rather
-    than hand it back to the kernel; returns the settings that took (none off glibc).
-
-    Each batch the writer receives a few MB of blobs, decodes them into objects and frees it
-    all again. With glibc's defaults, buffers past its adaptive threshold are mapped and unmapped
-    per batch, and the freed top of the heap is trimmed: the next batch's memory then comes back
-    as fresh pages, which the kernel zeroes, 800-3,000 page faults a batch of 1,500 requests at
-    1 k nodes (3-12 MB written). That memory traffic lands on the cache's thread, which shares
-    the last-level cache and the memory bus (bench/RESULTS.md, #17, twenty-seventh and
-    twenty-ninth rounds). Kept, the faults fall to about none once the writer is warm. Only the
-    writer process, which is ours, is tuned: never the host's."""
-    if not sys.platform.startswith("linux"):
-        return {}
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
-    except (OSError, AttributeError):
-        return {}
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return {name: value for name, param, value in _MALLOPT if mallopt(param, value) == 1}
-
 
 def send_message(conn: Connection, messages: list[tuple]) -> None:
     """One message batch onto the data pipe: its pickle, behind the number of buffers that
@@ -120,10 +92,8 @@ def main_from_fds(data_fd: int, ack_fd: int) -> None:
     replica of the whole tree (long-lived lists) and decodes thousands of short-lived tuples
     per batch, which with the default thresholds made the collector re-scan the replica over
     and over (about a third of the writer's CPU; on a machine whose vCPUs share a core, CPU the
-    cache's thread loses too). Collections stay on, just far less frequent. Likewise its C
-    allocator keeps the memory the writer frees (``keep_freed_memory``)."""
+    cache's thread loses too). Collections stay on, just far less frequent."""
     gc.set_threshold(*_GC_THRESHOLD)
-    _MALLOC_KEPT.update(keep_freed_memory())
     conn = Connection(data_fd, writable=False)
     acks = Connection(ack_fd, readable=False)
     try:
@@ -202,12 +172,12 @@ def _serve(conn: Connection, acks: Connection, sink: Fanout) -> None:
 
 def _with_usage(stats: dict) -> dict:
     """Add the writer's own counters for benchmarks (``stats["process"]``): ``cpu_s``, its
-    garbage collector's collections by generation (``gc_collections``), its minor page faults
-    (``minor_faults``) and the allocator settings ``keep_freed_memory`` made (``malloc``)."""
+    garbage collector's collections by generation (``gc_collections``) and its minor page
+    faults (``minor_faults``: memory it takes back from the kernel as fresh pages)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {**stats, "process": {"cpu_s": ru.ru_utime + ru.ru_stime,
                                  "gc_collections": [g["collections"] for g in gc.get_stats()],
-                                 "minor_faults": ru.ru_minflt, "malloc": dict(_MALLOC_KEPT)}}
+                                 "minor_faults": ru.ru_minflt}}
 
 
 def _is_data(batch: list[tuple]) -> bool:

@@ -73,9 +73,10 @@ def test_prometheus_without_its_package_fails_in_setup(monkeypatch):
         telemetry.setup(store=None, mode="inline", prometheus=9464)
 
 
-def test_the_writers_flush_reports_its_cpu_and_its_collectors_collections(tmp_path):
+def test_the_writers_flush_reports_its_cpu_its_collections_and_its_page_faults(tmp_path):
     """For benchmarks (``bench/bench_telemetry.py`` reads the CPU; the twenty-fifth round of
-    issue 17 read the collections): the writer process's own counters, as of the last flush."""
+    issue 17 read the collections, ``bench_scale.py`` prints the page faults): the writer
+    process's own counters, as of the last flush."""
     tel = telemetry.setup(store=tmp_path / "w.db", capture_host_spans=False)
     try:
         Driver(HiRadixCache(make_config(), recorder=tel.recorder)).insert([4, 5, 6])
@@ -84,6 +85,7 @@ def test_the_writers_flush_reports_its_cpu_and_its_collectors_collections(tmp_pa
         assert proc["cpu_s"] > 0
         gens = proc["gc_collections"]
         assert len(gens) == 3 and all(type(g) is int and g >= 0 for g in gens), gens
+        assert type(proc["minor_faults"]) is int and proc["minor_faults"] > 0  # (it started)
     finally:
         tel.close()
 
