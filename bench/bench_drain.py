@@ -37,15 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import scale_workload  # noqa: E402
-from scale_workload import Chat, make_cache, one_request  # noqa: E402
+from scale_workload import Chat, fill, make_cache, one_request  # noqa: E402
 
 NODES = 1_000
 DRAIN = "radixscope-telemetry-drain"
-
-
-def fill(c, chat: Chat) -> None:
-    scale_workload.fill(c, chat, NODES)
 
 
 def timed_drain(pipeline) -> list[tuple[int, int]]:
@@ -105,7 +100,7 @@ def main() -> None:
                   "telemetry": make_cache(NODES, ("full",), tel.recorder)}
         chats = {k: Chat(active=max(16, NODES // 12)) for k in caches}
         for k, c in caches.items():
-            fill(c, chats[k])
+            fill(c, chats[k], NODES)
         tel.flush()
         cycles = timed_drain(tel.pipeline)
         rows: dict[str, list] = {k: [] for k in caches}

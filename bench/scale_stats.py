@@ -120,4 +120,4 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float],
         print(f"    {VERDICTS[ok]:<10}  {what}: {value}")
 
 
-VERDICTS = {True: "met    ", False: "NOT met", None: "unsure ", "info": "not judged"}
+VERDICTS = {True: "met", False: "NOT met", None: "unsure", "info": "not judged"}
