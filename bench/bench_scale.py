@@ -39,12 +39,18 @@ they walked (a line through each depth's median, and the worst p99/median within
 that is not the workload's spread of path lengths); the garbage collector: the objects it tracks per
 node (added by building and filling each cache), its collections during the batches (how many, the
 longest, their time per request: the process's, both caches' objects scanned by each) and a full
-collection's time with every cache resident; last, issue 17's targets that one run can judge, each
-``met``, ``NOT met`` or ``unsure``. ``bench_record_cost.py`` splits telemetry's cost into its steps.
-``--kernels`` also times every call of the native kernels the pools make (``check_split``,
-``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own figures then carry the
-timer's cost too): per call median / p99 and per request, the C part of a request in place, where
-its bitmaps may be cold.
+collection's time with every cache resident; the machine's own tail: how often the thread's CPU
+clock jumps by more than 3 us with nothing of the thread's own running (``clock_jumps``: a host
+taking the virtual CPU away, charged to the thread), and fixed work of 2-64 us timed with the ops'
+clock between the requests of a cache of its own, with no recorder, run beside the others and
+measured for nothing else (``Floor``: median / p99 per size; ``--no-floor``: none); last, issue
+17's targets that one run can judge, each ``met``, ``NOT met`` or ``unsure`` (the p99 target is
+unsure where an op over 3x is within 3x its median plus what the machine adds to fixed work of
+that median: ``scale_stats.tail_verdict``). ``bench_record_cost.py`` splits telemetry's cost into
+its steps. ``--kernels`` also times every call of the native kernels the pools make
+(``check_split``, ``alloc_pages``, ``free_pages``; wall clock, inside the ops, so the ops' own
+figures then carry the timer's cost too): per call median / p99 and per request, the C part of a
+request in place, where its bitmaps may be cold.
 
 Its parts: ``scale_workload.py`` (the chat workload and one scheduled request, every call timed),
 ``scale_run.py`` (one cache filled and run in timed batches, held or shipping), ``scale_probes.py``
@@ -71,7 +77,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_workload  # noqa: E402
 import torch  # noqa: E402
-from scale_probes import GC_PAUSES, KERNELS, full_collection_ms, time_kernels  # noqa: E402
+from scale_probes import (  # noqa: E402
+    GC_PAUSES,
+    KERNELS,
+    clock_jumps,
+    full_collection_ms,
+    time_kernels,
+)
 from scale_run import Run, parse_workload, workload_args  # noqa: E402
 from scale_stats import median_line, ops_in, paired_costs, print_targets  # noqa: E402
 from scale_workload import SCALES  # noqa: E402
@@ -83,14 +95,18 @@ from radixscope.cache import native  # noqa: E402
 SPLIT_MODES = ("shipping", "held")
 
 
-def run_split(runs: list[Run], args: argparse.Namespace) -> dict[str, tuple[list, list]]:
-    """``--split``'s batches: per rep, for each of ``SPLIT_MODES`` (their order rotated rep by
-    rep) a baseline batch, then the telemetry cache's batch in that mode. Returns per mode the
-    (baseline, telemetry) batches, in pairs; leaves each run's ``batches`` as the shipping
-    mode's, which the rest of the report (and the target) reads."""
+def run_split(runs: list[Run], args: argparse.Namespace, floor: Run | None
+              ) -> dict[str, tuple[list, list]]:
+    """``--split``'s batches: per rep, the floor run's batch (if any), then for each of
+    ``SPLIT_MODES`` (their order rotated rep by rep) a baseline batch, then the telemetry
+    cache's batch in that mode. Returns per mode the (baseline, telemetry) batches, in pairs;
+    leaves each run's ``batches`` as the shipping mode's, which the rest of the report (and the
+    target) reads."""
     base, tel = runs
     out: dict[str, tuple[list, list]] = {m: ([], []) for m in SPLIT_MODES}
     for i in range(args.reps):
+        if floor is not None:
+            floor.batch(args.requests)
         k = i % len(SPLIT_MODES)
         order = SPLIT_MODES[k:] + SPLIT_MODES[:k]
         if i == args.reps - 1:  # the run ends on a shipping batch: its backlog is close()'s
@@ -149,6 +165,9 @@ def main() -> None:
                          "pipeline held (drain thread and writer idle): the pipeline's share "
                          "of telemetry's cost measured on one cache (the target is judged on "
                          "the shipping batches)")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="no third cache timing the machine's floor (then an op over 3x is NOT "
+                         "met, whatever the machine adds)")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after the fill")
     ap.add_argument("--kernels", action="store_true",
                     help="also time the native kernels' calls inside the ops")
@@ -160,14 +179,21 @@ def main() -> None:
     nodes = SCALES[args.scale]
     comps = tuple(args.components.split(","))
     torch.set_num_threads(1)
+    jumps = clock_jumps()
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as d:
         runs = [Run("baseline", nodes, comps, False, d, args.freeze)]
         if not args.no_telemetry:
             runs.append(Run("telemetry", nodes, comps, True, d, args.freeze))
         if args.control:
             runs.append(Run("control", nodes, comps, False, d, args.freeze))
-        split = run_split(runs, args) if args.split else None
+        # built last, run first in each rep (every pipeline is idle then): its batches are
+        # no one's figures but the floor's
+        floor = None if args.no_floor else Run("floor", nodes, comps, False, d, args.freeze,
+                                               floor=True)
+        split = run_split(runs, args, floor) if args.split else None
         for i in range(0 if split else args.reps):
+            if floor is not None:
+                floor.batch(args.requests)
             for r in runs:
                 r.batch(args.requests, quiesce=not args.no_quiesce and i < args.reps - 1,
                         pause_writer=args.pause_writer)
@@ -176,10 +202,17 @@ def main() -> None:
         full_gc_ms = full_collection_ms()
         closes = [r.close() for r in runs]
         sums = [r.summary() for r in runs]
+        machine = floor.summary()["floor"] if floor is not None else None
     print(f"scale {args.scale}: components {'+'.join(comps)}, page 1, {args.reps} interleaved "
           f"batches x {args.requests} requests per cache; CPU time of the calling thread, us "
           f"(median / p99); gc.freeze={'on' if args.freeze else 'off'}; kernels {native.KERNELS}; "
           f"branching points {'on' if scale_workload.BRANCHING else 'off'}")
+    print(f"  the machine: the thread's CPU clock jumped {jumps[0]:.0f} times a second by more "
+          f"than 3 us (median {jumps[1]:.1f} us), time charged to the thread while something "
+          f"else had the CPU")
+    if machine:
+        print("  the machine's floor (fixed work between the requests of a cache of its own, us "
+              "median/p99): " + " ".join(f"{m:.1f}/{p:.1f}" for m, p in machine))
     for r, s, cl in zip(runs, sums, closes, strict=True):
         ops = " ".join(f"{op} {s[op][0]:.1f}/{s[op][1]:.1f}"
                        for op in (*ops_in(r.batches), "request"))
@@ -258,7 +291,7 @@ def main() -> None:
     requests = sum(b["n"] for r in runs for b in r.batches)
     print(f"  garbage collector: {GC_PAUSES.line(requests)}; a full collection "
           f"{full_gc_ms:.1f} ms with every cache resident")
-    print_targets(args.scale, runs, sums, closes, comps)
+    print_targets(args.scale, runs, sums, closes, comps, machine)
     if args.pause_writer or args.no_quiesce:
         print("  (with --pause-writer or --no-quiesce the telemetry row above is not the "
               "target's measure: run without them to judge it)")

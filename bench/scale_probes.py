@@ -1,6 +1,7 @@
 """What ``bench_scale.py`` reads of the process around its batches: the native kernels' calls
-(``--kernels``), the garbage collector's pauses, memory, the cache thread's page faults, and the
-writer process's state (``--pause-writer``)."""
+(``--kernels``), the garbage collector's pauses, memory, the cache thread's page faults, the
+writer process's state (``--pause-writer``), and the machine's own tail: fixed work timed between
+requests (``Floor``) and the jumps of the thread's clock (``clock_jumps``)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,86 @@ def process_state(pid: int) -> str | None:
     """``pid``'s state letter in ``/proc`` (``T``: stopped), or None where there is none."""
     fields = proc_stat(f"/proc/{pid}/stat")
     return None if fields is None else fields[0]
+
+
+FLOOR_US = (2, 4, 8, 16, 32, 64)  # the fixed work's durations, about, on the machine at hand
+
+
+def _spin(n: int) -> int:
+    """Fixed work: ``n`` turns of a loop that touches no memory beyond its frame."""
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+class Floor:
+    """The machine's own tail: the same fixed work, timed with the ops' clock between requests
+    in ``FLOOR_US`` sizes, two a request (sizes ``k`` and ``k + 3`` of six, in turn), so that
+    it runs where the ops run, after the same requests' work.
+
+    Its p99 over its median is what the machine alone adds to an op of that median. On a
+    virtual machine whose host takes the CPU away now and then, that time is charged to the
+    thread that was running (``clock_jumps``): an op of a few microseconds then reads a p99
+    several times its median whatever its code does (RESULTS.md, #17, thirtieth round). The
+    same fixed work timed in a burst after each batch, hot, read about half the excess at
+    8 us: between requests it also pays for the caches the requests left cold, as a small op
+    does."""
+
+    def __init__(self) -> None:
+        per_turn = self._calibrate()
+        self.turns = [max(1, round(us * 1e3 / per_turn)) for us in FLOOR_US]
+
+    @staticmethod
+    def _calibrate() -> float:
+        """ns a turn of ``_spin``: the median of 31 timings of 2,000 turns."""
+        clock = time.thread_time_ns
+        v = []
+        for _ in range(31):
+            t0 = clock()
+            _spin(2000)
+            v.append(clock() - t0)
+        return max(1.0, sorted(v)[15] / 2000)
+
+    def between(self, k: int, clock, out: list) -> None:
+        """Request ``k``'s two samples onto ``out``: ``(size index, ns of the fixed work)``."""
+        n = len(self.turns)
+        for i in (k % n, (k + n // 2) % n):
+            turns = self.turns[i]
+            t0 = clock()
+            _spin(turns)
+            out.append((i, clock() - t0))
+
+
+def floor_of(samples: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """``Floor.between``'s samples as ``(median, p99)`` in us per size, by median; sizes with
+    fewer than 100 samples are left out (no p99 to read)."""
+    by: dict[int, list[int]] = {}
+    for i, ns in samples:
+        by.setdefault(i, []).append(ns)
+    out = []
+    for v in by.values():
+        if len(v) >= 100:
+            v.sort()
+            out.append((v[len(v) // 2] / 1e3, v[int(len(v) * 0.99)] / 1e3))
+    return sorted(out)
+
+
+def clock_jumps(seconds: float = 1.0, over_ns: int = 3000) -> tuple[float, float]:
+    """Reads the thread's CPU clock back to back for ``seconds`` (of that clock) and returns the
+    jumps of more than ``over_ns`` between two reads: (per second, median us). A loop that
+    reads a clock has no work of its own that takes that long: a jump is time the thread was
+    charged for while something else had the CPU (an interrupt, or a host that took a virtual
+    CPU away)."""
+    clock = time.thread_time_ns
+    jumps = []
+    start = last = clock()
+    end = start + int(seconds * 1e9)
+    while last < end:
+        now = clock()
+        if now - last > over_ns:
+            jumps.append(now - last)
+        last = now
+    jumps.sort()
+    took = (last - start) / 1e9
+    return len(jumps) / took, (jumps[len(jumps) // 2] / 1e3 if jumps else 0.0)

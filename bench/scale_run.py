@@ -21,6 +21,8 @@ import scale_workload  # noqa: E402
 from scale_probes import (  # noqa: E402
     CURRENT,
     GC_PAUSES,
+    Floor,
+    floor_of,
     rss,
     stop_process,
     thread_faults,
@@ -39,20 +41,30 @@ from scale_workload import (  # noqa: E402
 DISCARD_EVERY = 1000  # fill requests between drops of a detached recorder's buffer
 HELD_BATCH = 1 << 40  # a held recorder's encode_batch: it never wakes the drain thread
 HELD_INTERVAL_S = 3600.0  # a held drain thread's period
+FLOOR = Floor()  # the machine's own tail (``Run.summary``'s "floor"), timed by a floor run
 
 
 class Run:
     """One cache (baseline or full telemetry), filled to its resident size."""
 
     def __init__(self, label: str, nodes: int, comps: tuple[str, ...], telemetry_on: bool,
-                 store_dir: str, freeze: bool, recorder=None) -> None:
+                 store_dir: str, freeze: bool, recorder=None, floor: bool = False) -> None:
         """``recorder`` (with ``telemetry_on`` False): a recorder of the caller's with no
         pipeline behind it (``bench_record_cost.py``); what it buffers is discarded between
-        batches and every ``DISCARD_EVERY`` fill requests, outside every timing."""
+        batches and every ``DISCARD_EVERY`` fill requests, outside every timing. ``floor``: a
+        run of its own, with no recorder, that times the machine's floor between its requests
+        (``Floor``; its summary's "floor"). Only such a run: the fixed work slows the ops of the
+        cache it runs beside by a few percent (on one machine, a cache with it against one
+        without read -4.3 % over eight runs, two caches with it 0.0 %), and with telemetry its
+        pipeline would work on through time the batch does not count. Its collections are not
+        counted in ``GC_PAUSES`` (no one's batch)."""
+        if floor and (telemetry_on or recorder is not None):
+            raise ValueError("a floor run has no recorder")
         self.label = label
         self.tel = None
         self.store = None
         self.detached = recorder
+        self.times_floor = floor
         gc.collect()
         rss0 = rss()
         tracked0 = len(gc.get_objects())
@@ -177,6 +189,8 @@ class Run:
         c = self.c
         keys = [self.chat.next() for _ in range(requests)]  # workload generation is not timed
         t = {k: [] for k in (*OPS, *NOT_OPS)}
+        floor = t["floor"] if self.times_floor else None
+        aside = t["aside"]
         ops = 0
         # Every batch starts with the young generations empty, so the collections in it are
         # the ones its own cache's allocations trigger. The collector is the process's: left
@@ -186,11 +200,15 @@ class Run:
         # as telemetry costing about 10 points less in those pairs.
         gc.collect(1)
         CURRENT[0] = self.label
-        GC_PAUSES.on = True
+        GC_PAUSES.on = not self.times_floor
         faults0 = thread_faults()
         cpu0 = CLOCK()
         for k, key in enumerate(keys):
             ops += one_request(c, key, t, f"r{k}")
+            if floor is not None:  # the machine's floor: left out of the batch's CPU time
+                f0 = CLOCK()
+                FLOOR.between(k, CLOCK, floor)
+                aside.append(CLOCK() - f0)
         cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
         faults1 = thread_faults()
         GC_PAUSES.on = False
@@ -240,6 +258,7 @@ class Run:
         out["by_depth"] = by_depth([(d, ns) for b in batches
                                      for d, ns in zip(b["depth"], b["match"], strict=True)])
         out["nodes"] = len(self.c.tree.nodes) - 1
+        out["floor"] = floor_of([x for b in batches for x in b.get("floor", ())])
         return out
 
 

@@ -7,7 +7,8 @@ import math
 import statistics
 
 OPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
-NOT_OPS = ("request", "hit", "victims", "asked", "ancestors", "depth", "aside")  # per-batch lists
+NOT_OPS = ("request", "hit", "victims", "asked", "ancestors", "depth", "aside",
+           "floor")  # per-batch lists
 DEPTH_MIN = 100  # match calls a path depth needs before its median and p99 are reported
 
 
@@ -83,19 +84,56 @@ def by_depth(calls: list[tuple[int, int]]) -> dict | None:
             "worst": (worst[0], worst[2] / worst[1])}
 
 
+def floor_excess(floor: list[tuple[float, float]], median_us: float) -> float:
+    """What the machine alone adds to the p99 of an op whose median is ``median_us``: the p99
+    less the median of fixed work (``scale_probes.Floor``, ``(median, p99)`` per size, by
+    median) of that median, interpolated between the two sizes around it on a log scale of
+    the median, and the nearest size's outside them."""
+    if not floor:
+        raise ValueError("floor_excess: no sizes")
+    if median_us <= floor[0][0]:
+        return floor[0][1] - floor[0][0]
+    for (m0, p0), (m1, p1) in zip(floor, floor[1:], strict=False):
+        if median_us <= m1:
+            w = math.log(median_us / m0) / math.log(m1 / m0) if m1 > m0 else 1.0
+            return (p0 - m0) + w * ((p1 - m1) - (p0 - m0))
+    return floor[-1][1] - floor[-1][0]
+
+
+def tail_verdict(s: dict, ops: list[str], floor: list[tuple[float, float]] | None
+                 ) -> tuple[str, float, bool | None, str]:
+    """p99 <= 3x median, every op, for one run's summary ``s``: (the worst op, its p99/median,
+    the verdict, a note). Met when every op holds. An op over 3x whose p99 is within 3x its
+    median plus the machine's own excess at that median (``floor_excess`` of ``floor``, a
+    floor run's "floor") cannot be told from the machine: unsure, the note naming
+    those ops and what the machine adds. NOT met when any op is over both, or over 3x with no
+    floor."""
+    op, ratio = max(((o, s[o][1] / s[o][0]) for o in ops), key=lambda x: x[1])
+    over = [o for o in ops if s[o][1] > 3.0 * s[o][0]]
+    if not over:
+        return op, ratio, True, ""
+    if not floor:
+        return op, ratio, False, ""
+    adds = {o: floor_excess(floor, s[o][0]) for o in over}
+    if any(s[o][1] > 3.0 * s[o][0] + adds[o] for o in over):
+        return op, ratio, False, ""
+    return op, ratio, None, "; within the machine's floor: " + ", ".join(
+        f"{o} {s[o][1]:.1f} us <= 3 x {s[o][0]:.1f} + {adds[o]:.1f}" for o in over)
+
+
 def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float],
-                  comps: tuple[str, ...] = ("full",)) -> None:
+                  comps: tuple[str, ...] = ("full",),
+                  floor: list[tuple[float, float]] | None = None) -> None:
     """Issue 17's targets that one run can judge, each with its figure and whether it holds
     (store bytes per op and the per-evict ratio compare two scales: run both). The request's
     85 us and telemetry's 5 % are set on FULL alone (SGLang's classic cache has no SWA or
-    MAMBA): with other components their figures are printed, not judged."""
+    MAMBA): with other components their figures are printed, not judged. The p99 target is
+    judged against the machine's ``floor`` as well, where there is one (``tail_verdict``)."""
     full = tuple(comps) == ("full",)
     rows = []
     for r, s in zip(runs, sums, strict=True):
-        op, ratio = max(((op, s[op][1] / s[op][0]) for op in (*ops_in(r.batches), "request")),
-                        key=lambda x: x[1])
-        rows.append((f"p99 <= 3x median, every op ({r.label})", f"{op} {ratio:.2f}x",
-                     ratio <= 3.0))
+        op, ratio, ok, note = tail_verdict(s, [*ops_in(r.batches), "request"], floor)
+        rows.append((f"p99 <= 3x median, every op ({r.label})", f"{op} {ratio:.2f}x{note}", ok))
     if scale == "100k":
         mem = runs[0].mem_per_token
         rows.append(("memory <= 50 B/resident token", f"{mem:.1f}", mem <= 50))
@@ -114,8 +152,9 @@ def print_targets(scale: str, runs: list, sums: list[dict], closes: list[float],
                      (True if hi <= 0.05 else False if lo > 0.05 else None) if full
                      else "info"))
         rows.append(("close() <= 1 s", f"{closes[1]:.2f} s", closes[1] <= 1.0))
-    print("  issue 17 targets (unsure: the figure's 95 % interval spans the target"
-          + ("" if full else "; not judged: a target set on FULL alone") + "):")
+    print("  issue 17 targets (unsure: the figure's 95 % interval spans the target, or a tail "
+          "the machine's floor explains" + ("" if full else "; not judged: a target set on "
+                                             "FULL alone") + "):")
     for what, value, ok in rows:
         print(f"    {VERDICTS[ok]:<10}  {what}: {value}")
 

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -154,6 +156,83 @@ def test_the_medians_interval_is_the_binomial_one():
         assert median_ci(values) == ranks, n
     lo, hi = median_ci([0.01] * 11 + [0.3])  # an outlier pair moves neither end
     assert (lo, hi) == (0.01, 0.01)
+
+
+def test_a_tail_the_machines_floor_explains_is_unsure_and_one_past_it_is_not_met():
+    """p99 <= 3x median is judged against the machine too: an op over 3x whose p99 is within
+    3x its median plus what fixed work of that median reads past its own median (the run's
+    "floor") is unsure, one past that is NOT met, one under 3x is met; with no floor an op
+    over 3x is NOT met, as before."""
+    from scale_stats import floor_excess, tail_verdict
+
+    floor = [(4.0, 6.0), (8.0, 20.0), (16.0, 22.0)]  # excess 2, 12, 6 us
+    assert floor_excess(floor, 2.0) == 2.0 and floor_excess(floor, 40.0) == 6.0
+    assert floor_excess(floor, 8.0) == 12.0
+    assert abs(floor_excess(floor, 4 * 2 ** 0.5) - 7.0) < 1e-9  # halfway on a log scale
+    ops = ["alloc", "request"]
+    s = {"alloc": (8.0, 24.0), "request": (100.0, 200.0)}
+    assert tail_verdict(s, ops, floor)[2] is True and tail_verdict(s, ops, None)[2] is True
+    s["alloc"] = (8.0, 35.0)  # 3 x 8 + 12 = 36: within
+    op, ratio, ok, note = tail_verdict(s, ops, floor)
+    assert (op, ok) == ("alloc", None) and abs(ratio - 35 / 8) < 1e-9
+    assert "alloc 35.0 us <= 3 x 8.0 + 12.0" in note
+    s["alloc"] = (8.0, 37.0)
+    assert tail_verdict(s, ops, floor)[2] is False
+    s["alloc"], s["request"] = (8.0, 35.0), (100.0, 400.0)  # one op past its floor: NOT met
+    assert tail_verdict(s, ops, floor)[2] is False
+    s["request"] = (100.0, 200.0)
+    assert tail_verdict(s, ops, None)[2] is False
+    with pytest.raises(ValueError, match="no sizes"):
+        floor_excess([], 1.0)
+
+
+def test_a_floor_run_times_the_machines_floor_outside_its_cpu_and_no_other_run_does(tmp_path,
+                                                                                   monkeypatch):
+    """Between the requests of a floor run, two sizes of the fixed work a request in turn:
+    every size gets its samples, their medians grow with the size, and the time they take is
+    not charged to the batch. No other run times any (the fixed work slows the ops beside it),
+    and a floor run takes no recorder."""
+    import scale_probes as sp
+
+    r = scale_run.Run("floor", 1000, ("full",), False, str(tmp_path), False, floor=True)
+    r.batch(300)
+    floor = r.summary()["floor"]
+    assert len(floor) == len(sp.FLOOR_US), floor
+    medians = [m for m, _ in floor]
+    assert medians[-1] > 8 * medians[0] and all(p >= m for m, p in floor)
+    sizes = [i for i, _ in r.batches[-1]["floor"]]
+    assert len(sizes) == 600 and {sizes.count(i) for i in range(len(sp.FLOOR_US))} == {100}
+    # the batch's CPU time is the ops': with the fixed work made 100x longer, far more than it
+    monkeypatch.setattr(scale_run.FLOOR, "turns", [n * 100 for n in scale_run.FLOOR.turns])
+    r.batch(20)
+    long = r.batches[-1]
+    assert long["cpu"] < 0.5 * sum(ns for _, ns in long["floor"]) / 1e9
+    rate, median = sp.clock_jumps(0.05)
+    assert rate >= 0 and median >= 0
+    base = scale_run.Run("baseline", 1000, ("full",), False, str(tmp_path), False)
+    base.batch(20)
+    assert not base.batches[-1]["floor"] and base.summary()["floor"] == []
+    with pytest.raises(ValueError, match="a floor run has no recorder"):
+        scale_run.Run("floor", 1000, ("full",), True, str(tmp_path), False, floor=True)
+
+
+def test_the_bench_judges_tails_on_its_floor_run_and_without_one_as_before():
+    """The floor line and the machine's clock line are printed, and a p99 verdict is one of
+    the three; ``--no-floor`` prints no floor and excuses no tail."""
+    args = [sys.executable, str(BENCH / "bench_scale.py"), "--scale", "1k", "--requests", "120",
+            "--reps", "3", "--no-telemetry"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the machine: the thread's CPU clock jumped" in out.stdout
+    line = next(x for x in out.stdout.splitlines() if "the machine's floor (fixed work" in x)
+    assert len(line.split(": ")[1].split()) == 6, line
+    verdict = next(x for x in out.stdout.splitlines() if "p99 <= 3x median" in x)
+    assert verdict.split("p99")[0].strip() in ("met", "unsure", "NOT met"), verdict
+    bare = subprocess.run(args + ["--no-floor"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert bare.returncode == 0, bare.stderr[-2000:]
+    assert "the machine's floor (fixed work" not in bare.stdout
+    assert "within the machine's floor" not in bare.stdout
 
 
 def test_a_batch_starts_with_the_young_generations_empty(tmp_path, monkeypatch):

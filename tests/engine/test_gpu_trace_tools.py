@@ -20,13 +20,19 @@ _spec.loader.exec_module(gpu_trace)
 
 
 def test_the_marker_puts_a_store_timestamp_where_the_profiler_saw_it(tmp_path):
+    """Each clock read is bracketed: a virtual machine's host can stop the thread between the
+    profiler's timestamp and ours (for 3.6 ms once, in a full run of the suite), and that time
+    is allowed on top of the 2 ms."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        before_mark = time.time_ns()
         with record_function(gpu_trace.MARKER):
             mark_ns = time.time_ns()
         time.sleep(0.02)
+        before_later = time.time_ns()
         with record_function("later"):
             later_ns = time.time_ns()
             torch.ones(4).sum()
+    slack_us = (mark_ns - before_mark + later_ns - before_later) / 1000.0
     prof.export_chrome_trace(str(tmp_path / "t.json"))
     import json
     trace = gpu_trace.slim(json.loads((tmp_path / "t.json").read_text()))
@@ -43,7 +49,8 @@ def test_the_marker_puts_a_store_timestamp_where_the_profiler_saw_it(tmp_path):
     assert op["pid"] == gpu_trace.PID_OFFSET + 1
     raw = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     (later,) = [e for e in raw if e.get("name") == "later"]
-    assert abs(op["ts"] - float(later["ts"])) < 2_000  # within 2 ms of where torch saw it
+    # within 2 ms of where torch saw it, and what the host took between the two reads
+    assert abs(op["ts"] - float(later["ts"])) < 2_000 + slack_us
 
 
 def test_overlap_counts_copies_that_run_beside_a_kernel_on_another_stream():
