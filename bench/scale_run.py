@@ -209,7 +209,7 @@ class Run:
                 f0 = CLOCK()
                 FLOOR.between(k, CLOCK, floor)
                 aside.append(CLOCK() - f0)
-        cpu = (CLOCK() - cpu0 - sum(t["aside"])) / 1e9
+        cpu = (CLOCK() - cpu0 - sum(aside)) / 1e9
         faults1 = thread_faults()
         GC_PAUSES.on = False
         t["faults"] = None if faults0 is None or faults1 is None else faults1 - faults0
