@@ -21,7 +21,10 @@ Mutation tuple layout (also ``Mutation`` below): ``(seq, op_id, kind, node, comp
 |                  |             |                 | takes the child's first ``split_len`` tokens, access    |
 |                  |             |                 | and hits, and joins every lock / transfer pinning the   |
 |                  |             |                 | child for the components in ``ref_comps``               |
-| ``node.delete``  | id          | -               | ``None``                                                |
+| ``node.delete``  | id          | -               | ``None``: the node leaves the tree with every value it  |
+|                  |             |                 | still held; no ``comp.state`` clears them first (a      |
+|                  |             |                 | replay drops its last states with it; a journal written |
+|                  |             |                 | before schema 6 clears them first, which reads the same)|
 | ``node.touch``   | deepest id  | -               | ``tick``: the node and its ancestors (not the root) get |
 |                  |             |                 | ``last_access = tick`` and ``hit_count += 1``           |
 | ``comp.state``   | id          | comp / -        | ``(lens, refs)``: one entry per tier in ``Tier`` order; |

@@ -233,9 +233,12 @@ class CacheCore(Pins, LeafSets, Recording):
         component index, one dict per tier.
 
         Each value goes as ``set_value(node, ci, tier, None)`` and ``free_slots`` would take
-        it (the same ledgers, marks and records, in the same order), fused: the node is leaving
-        the tree, so its own leaf and recency filing is dropped once at the end, and a device
-        value's tree marks are cleared by the free itself. With ``defer`` (an eviction's
+        it (the same ledgers, marks and pool records, in the same order), fused: the node is
+        leaving the tree, so its own leaf and recency filing is dropped once at the end, and a
+        device value's tree marks are cleared by the free itself. The values are not recorded
+        one by one: the node's one ``node.delete`` drops every value it still held (a replay
+        drops the node's last ``comp.state`` with it; ``events.py``), which saves eviction a
+        state record a value on the hot path. With ``defer`` (an eviction's
         ``(ci, tier) -> [values]``), the frees on ``defer_tier`` (the tier being evicted) are
         left to ``free_deferred``: one per pool for all the victims of an eviction call. Only
         that tier's: a write-back during the same call may need the other tier's slots."""
@@ -253,8 +256,6 @@ class CacheCore(Pins, LeafSets, Recording):
                 vals[tier] = None
                 if ci == 0 and tier == DEVICE:
                     node.parent.device_children -= 1
-                if on:
-                    self._ledger.state(node, ci)
                 pool = pools[ci][tier]
                 if pool is None:
                     continue

@@ -19,6 +19,8 @@ from radixscope.cache.errors import InvariantViolation
 from radixscope.cache.events import OpRecord, Recorder, named_op
 from radixscope.cache.tiers import TIER_LABELS
 
+_NONE = (None,) * len(TIER_LABELS)  # a component's lens once its node is deleted
+
 
 class CountingRecorder(Recorder):
     """A recorder that counts and forwards. ``inner`` is telemetry's recorder or None."""
@@ -70,21 +72,27 @@ class CountingRecorder(Recorder):
                 lens = m[6][0]
                 old = state.get(key)
                 if old is not None:
-                    for label, was, now in zip(TIER_LABELS, old, lens, strict=True):
-                        if was is not None and now is None:
-                            self.evictions[(m[4], label)] += 1
-                            self.evicted[(m[4], label)] += was
+                    self._dropped(m[4], old, lens)
                 state[key] = lens
             elif kind == ev.TRANSFER_START:
                 _tid, tkind, _nodes, amounts = m[6]
                 self.transfers[tkind] += 1
                 for comp, n in amounts:
                     self.moved[(tkind, comp)] += n
-            elif kind == ev.NODE_DELETE:
+            elif kind == ev.NODE_DELETE:  # the values the node still held go with it
                 for comp in self._comps:
-                    state.pop((m[3], comp), None)
+                    old = state.pop((m[3], comp), None)
+                    if old is not None:
+                        self._dropped(comp, old, _NONE)
         if self.inner is not None:
             self.inner.record(op, mutations)
+
+    def _dropped(self, comp: str, old: tuple, new: tuple) -> None:
+        """Count each value ``comp`` held in ``old`` and not in ``new``: one eviction a tier."""
+        for label, was, now in zip(TIER_LABELS, old, new, strict=True):
+            if was is not None and now is None:
+                self.evictions[(comp, label)] += 1
+                self.evicted[(comp, label)] += was
 
     def __getattr__(self, name: str):
         inner = self.__dict__.get("inner")

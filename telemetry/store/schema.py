@@ -47,12 +47,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 5  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
+SCHEMA_VERSION = 6  # 2: ops keyed by op_id, mutations in journal chunks; 3: node_tokens,
 #                    keyframes as compressed JSON with token references; 4: component states
 #                    per tier (``comp.state`` and keyframe nodes carry ``[lens, refs]``, one
 #                    entry per ``Tier``); 5: a journal ``node.create`` may name its token count
-#                    instead of its tokens, which are in ``node_tokens``
-READABLE_VERSIONS = (4, 5)  # 4 has the same tables; its node.create entries hold their tokens
+#                    instead of its tokens, which are in ``node_tokens``; 6: a ``node.delete``
+#                    drops the values its node still held, with no ``comp.state`` clearing
+#                    them first (``cache/events.py``)
+# 4 and 5 have the same tables (4: node.create entries hold their tokens); their node.delete
+# follows a comp.state clear of each value, which every reader takes the same way
+READABLE_VERSIONS = (4, 5, 6)
 SCHEMA_NAME = "radixscope.telemetry"
 
 SCHEMA = """
@@ -349,7 +353,7 @@ def _verify_schema(con: sqlite3.Connection, p: Path) -> None:
     version = schema.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ValueError(f"telemetry store {str(p)!r} has schema version {version!r}; this "
-                         f"reader reads {' and '.join(map(str, READABLE_VERSIONS))}")
+                         f"reader reads {', '.join(map(str, READABLE_VERSIONS))}")
     want = expected_master()
     got = frozenset(have)
     if got != want:

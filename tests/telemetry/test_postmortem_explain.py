@@ -36,9 +36,9 @@ def test_evicted_from_device_with_no_host_copy(tmp_path):
     x = explain(c, tmp_path, "r2", tokens=A)
     assert (x.key_len, x.device_len, x.host_len, x.full_len) == (10, 0, 0, 0)
     # seq: the node.delete (an eviction records its pool counts once, after its deletions)
-    assert facts(x) == [("evicted", "full", "host", 1, 8, 6)]
+    assert facts(x) == [("evicted", "full", "host", 1, 7, 6)]
     assert x.reasons[0].text == ("node 1 (key tokens [0, 10)) was evicted from device (it had no "
-                                 "host copy) at seq 8 by alloc (op 6, req hog)")
+                                 "host copy) at seq 7 by alloc (op 6, req hog)")
     assert x.consistent and not x.hit
 
 
@@ -55,8 +55,8 @@ def test_evicted_to_host_then_from_host(tmp_path):
     c.evict_host(10, req_id="evh")
     c.match_prefix(A, req_id="r3")
     x = explain(c, tmp_path, "r3", tokens=A)
-    assert facts(x) == [("evicted", "full", "host", 1, 19, 9)]
-    assert "was evicted from host at seq 19 by evict_host (op 9, req evh)" in x.reasons[0].text
+    assert facts(x) == [("evicted", "full", "host", 1, 18, 9)]
+    assert "was evicted from host at seq 18 by evict_host (op 9, req evh)" in x.reasons[0].text
 
 
 def test_eviction_cascade_names_the_leaf_that_started_it(tmp_path):

@@ -294,7 +294,7 @@ STORE_CASES = {
     "schema version 1": (_version(1), "has schema version 1"),
     "schema version 2": (_version(2), "has schema version 2"),
     "schema version 3": (_version(3), "has schema version 3"),
-    "schema version 6": (_version(6), "has schema version 6"),
+    "schema version 7": (_version(7), "has schema version 7"),
     "schema version true": (_version(True), "has schema version True"),
     "recursive mutations view": (lambda p: sql(p, "DROP VIEW mutations; CREATE VIEW mutations "
                                                "AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "

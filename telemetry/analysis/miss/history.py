@@ -3,7 +3,7 @@
 ``KeyHistory`` replays the structure (parents and tokens only) from a start snapshot and records:
 
 - for every node and component, the seqs at which its device or host value was dropped
-  (eviction, demotion to host, tombstoning, the MAMBA per-path cap);
+  (eviction, demotion to host, tombstoning, the MAMBA per-path cap, the node's deletion);
 - how every node was born (``node.create`` by an insert, or ``node.split``);
 - every deletion of a node that, when deleted, lay on the key's path in the key's namespace,
   with the tier it was last held on and the node whose eviction caused it (a leaf evicted
@@ -72,14 +72,7 @@ class KeyHistory:
     def _apply(self, m: tuple) -> None:
         seq, op_id, kind, node, comp, _tier, value = m
         if kind == ev.COMP_STATE:
-            old = self._state.get((node, comp), EMPTY_STATE.lens)
-            new = tuple(value[0])
-            for tier, was, now in zip(TIER_LABELS, old, new, strict=True):
-                if was is not None and now is None:
-                    self.dropped.setdefault((node, comp, tier), []).append(Event(seq, op_id))
-            if comp == self.components[0] and any(x is not None for x in old):
-                self._full_held[node] = old
-            self._state[(node, comp)] = new
+            self._set_state(seq, op_id, node, comp, tuple(value[0]))
         elif kind == ev.NODE_CREATE:
             parent, extra_key, tokens = value
             self._tree[node] = [parent, extra_key, tuple(tokens)]
@@ -92,7 +85,19 @@ class KeyHistory:
             child[0] = new_id
             self.born[new_id] = ("split", Event(seq, op_id))
         elif kind == ev.NODE_DELETE:
+            # the values the node still held leave with it (schema 6: no comp.state first)
+            for c in self.components:
+                self._set_state(seq, op_id, node, c, EMPTY_STATE.lens)
             self._delete(seq, op_id, node)
+
+    def _set_state(self, seq: int, op_id: int, node: int, comp: str, new: tuple) -> None:
+        old = self._state.get((node, comp), EMPTY_STATE.lens)
+        for tier, was, now in zip(TIER_LABELS, old, new, strict=True):
+            if was is not None and now is None:
+                self.dropped.setdefault((node, comp, tier), []).append(Event(seq, op_id))
+        if comp == self.components[0] and any(x is not None for x in old):
+            self._full_held[node] = old
+        self._state[(node, comp)] = new
 
     def _delete(self, seq: int, op_id: int, node: int) -> None:
         rec = self._tree.get(node)
