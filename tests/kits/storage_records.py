@@ -45,9 +45,11 @@ class StorageTap(Recorder):
         fresh: dict[tuple[int, str], int] = {}
         for m in mutations:
             seq, op_id, kind, node, comp, tier, value = m
-            if kind == ev.NODE_DELETE:
+            if kind == ev.NODE_DELETE:  # its values go with it: nothing of it to store
                 for k in [k for k in self.stored if k[0] == node]:
                     del self.stored[k]
+                for k in [k for k in fresh if k[0] == node]:
+                    del fresh[k]
             if kind == ev.COMP_STATE:
                 lens, refs = value
                 key = (node, comp)

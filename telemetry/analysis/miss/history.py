@@ -85,9 +85,15 @@ class KeyHistory:
             child[0] = new_id
             self.born[new_id] = ("split", Event(seq, op_id))
         elif kind == ev.NODE_DELETE:
-            # the values the node still held leave with it (schema 6: no comp.state first)
+            # the values the node still held leave with it (schema 6: no comp.state first):
+            # dropped one at a time, in the order a schema 5 journal clears them (component
+            # by component, tier by tier), so both read the same (the tier it was last held on)
             for c in self.components:
-                self._set_state(seq, op_id, node, c, EMPTY_STATE.lens)
+                lens = list(self._state.get((node, c), EMPTY_STATE.lens))
+                for t, n in enumerate(lens):
+                    if n is not None:
+                        lens[t] = None
+                        self._set_state(seq, op_id, node, c, tuple(lens))
             self._delete(seq, op_id, node)
 
     def _set_state(self, seq: int, op_id: int, node: int, comp: str, new: tuple) -> None:
