@@ -19,6 +19,10 @@ for the ops a variant names (the rest run plainly). Variants:
   records direct: ``cache/_direct.h``);
 - ``nodirect``: as ``on``, with the ledger's ``direct = False`` (tuples made, then encoded);
 - ``all``: every op of a request recorded (lock, alloc and unlock too);
+- ``all-pyattrs``: as ``all``, every op's attributes built by its Python builder
+  (``op_attrs.PY_ATTRS``): what the six ops' native specs save, in one invocation;
+- ``all-pyrest``: as ``all``, lock's, alloc's and unlock's attributes built by their Python
+  builders, as before the thirty-second round gave them specs: what those three save;
 - ``norec``: as ``on``, the recorder a C callable that keeps nothing (``slice``, a few hundred
   instructions a call). ``slice`` has no direct table, so the ledger makes the record's tuple
   and decodes the op's mutations into tuples for it: this reads *above* ``on`` (18.3 k against
@@ -63,6 +67,8 @@ VARIANTS = {  # name -> (ops recorded, flags, what it is)
     "on": (("match", "insert", "evict"), (), "match + insert + evict recorded"),
     "nodirect": (("match", "insert", "evict"), ("nodirect",), "on, direct records off"),
     "all": (OPS, (), "every op recorded"),
+    "all-pyattrs": (OPS, ("pyattrs",), "all, Python attribute builders"),
+    "all-pyrest": (OPS, ("pyrest",), "all, lock/alloc/unlock's Python builders"),
     "norec": (("match", "insert", "evict"), ("norec",), "on, no recorder"),
     "norec-noattrs": (("match", "insert", "evict"), ("norec", "noattrs"),
                       "on, no recorder, no attributes"),
@@ -117,6 +123,8 @@ def child(variant: str, requests: int) -> None:
     drop()
     attrs = (dict.fromkeys(OP_ATTRS, slice) if "noattrs" in flags
              else PY_ATTRS if "pyattrs" in flags else OP_ATTRS)
+    if "pyrest" in flags:
+        attrs = {**OP_ATTRS, **{op: PY_ATTRS[op] for op in ("lock", "alloc", "unlock")}}
     led = ledger.Ledger(c, slice if "norec" in flags else rec.record, ctx, attrs, True)
     if "nodirect" in flags:
         led.direct = False
@@ -186,10 +194,10 @@ def main() -> None:
     base = counts["off"]
     print(f"instructions a request (callgrind, {args.requests} requests after a 1 k-node fill, "
           "FULL only, inside the ledger's run)")
-    print(f"  {'':>46} {'k instr':>8} {'adds, k':>8} {'of off':>7}")
+    print(f"  {'':>52} {'k instr':>8} {'adds, k':>8} {'of off':>7}")
     for v, n in counts.items():
         label = f"{v}: {VARIANTS[v][2]}"
-        print(f"  {label:>46} {n / 1e3:8.1f} {(n - base) / 1e3:8.1f} {(n - base) / base:7.1%}")
+        print(f"  {label:>52} {n / 1e3:8.1f} {(n - base) / 1e3:8.1f} {(n - base) / base:7.1%}")
 
 
 if __name__ == "__main__":

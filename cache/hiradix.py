@@ -118,10 +118,15 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
         if isinstance(num, bool) or not isinstance(num, int) or num < 0:
             raise ValueError(f"alloc num={num!r} must be an int >= 0")
         ci = self._ci_of(component)
-        return self._ledger.run(ev.OP_ALLOC, req_id, self._alloc, ci, num)
+        comp = self.comps[ci]
+        need = num if comp.boundary_state else ceil_paged(num, self.page_size)
+        # the slots and the component's name as arguments: the op's attributes are those two,
+        # read by its native builder (``op_attrs.SPECS``) with no Python frame
+        return self._ledger.run(ev.OP_ALLOC, req_id, self._alloc, ci, need, comp.name)
 
-    def _alloc(self, ci: int, num: int) -> torch.Tensor:
-        need = num if self.comps[ci].boundary_state else ceil_paged(num, self.page_size)
+    def _alloc(self, ci: int, need: int, _name: str = "") -> torch.Tensor:
+        """``need`` slots (already whole pages; states for MAMBA) for a request, evicting as
+        needed."""
         alloc = self.device_pools[ci].alloc
         if alloc.available < need:
             if alloc.available + self.evictable[ci][DEVICE] < need:

@@ -6,7 +6,7 @@ arguments its implementation was called with (one table lookup per op on the hot
 tuple in ``events.OP_FIELDS[op]`` order (``events.attrs_dict`` names it), a dict for prefetch.
 
 The Python builders below (``PY_ATTRS``) are the reference. The hot ops' (match, insert, evict:
-2.8 recorded a request) are also written as specs (``SPECS``), which ``native.Fields`` runs in C:
+2.8 recorded a request; lock, alloc and unlock, once each) are also written as specs (``SPECS``), which ``native.Fields`` runs in C:
 the result's slots read by offset, the tuple built with no Python frame (issue 17: ~420-860
 instructions an op, the tuple included, against ~800-2,700). ``OP_ATTRS`` holds those where the
 native module was built, the Python builders otherwise (``native.FieldsPy`` interprets a spec:
@@ -48,11 +48,12 @@ def _lock(cache, out, args) -> tuple:
 
 
 def _release(cache, out, args) -> tuple:
-    entry = args[0]
+    entry = args[0]  # (``out`` is the same entry: ``Pins.release`` returns it)
     return (entry.receipt_id, entry.anchor, entry.owner)
 
 
 def _alloc(cache, out, args) -> tuple:
+    # args: (ci, slots, component name): ``HiRadixCache.alloc`` passes both fields
     return (cache.comps[args[0]].name, out.numel())
 
 
@@ -103,8 +104,16 @@ SPECS: dict[str, tuple[tuple, dict]] = {
     # the freed tokens: the freed dict's (item 3) entry for the component (item 0)
     ev.OP_EVICT: (((OUT, "component"), (OUT, "requested"), (GET, 3, 0, 0),
                    (OUT, "freed", DICT), (OUT, "evicted_nodes", LEN)), {}),
+    # a request's other three ops (lock, alloc, unlock: issue 17's thirty-second round)
+    ev.OP_LOCK: (((OUT, "receipt_id"), (OUT, "anchor"), (OUT, "owner"),
+                  (OUT, "skipped", LEN)), {}),
+    # the released ``LockEntry`` (``Pins.release`` returns it)
+    ev.OP_UNLOCK: (((OUT, "receipt_id"), (OUT, "anchor"), (OUT, "owner")), {}),
+    # args: ``_alloc``'s (ci, slots, component name)
+    ev.OP_ALLOC: (((ARG, 2), (ARG, 1)), {}),
 }
 SPECS[ev.OP_EVICT_HOST] = SPECS[ev.OP_EVICT]
+SPECS[ev.OP_RELEASE_SWA] = SPECS[ev.OP_UNLOCK]
 
 OP_ATTRS: dict[str, Callable[..., tuple | dict]] = dict(PY_ATTRS)
 if native.KERNELS == "native":

@@ -87,9 +87,10 @@ class Pins:
         return tuple([(comps[ci].name, tuple(ids)) for ci, ids in entry.pins.items()
                       if cis is None or ci in cis])
 
-    def release(self, entry: LockEntry, cis: set[int] | None = None) -> None:
+    def release(self, entry: LockEntry, cis: set[int] | None = None) -> LockEntry:
         """Unpin ``entry``'s nodes; with ``cis``, only those components (a partial release that
-        keeps the lock live), otherwise all of them, retiring the lock."""
+        keeps the lock live), otherwise all of them, retiring the lock. Returns ``entry``: the
+        result ``unlock``'s and ``release_swa``'s attributes are read from (``op_attrs``)."""
         nodes = self.tree.nodes
         out = None
         if self._on:
@@ -127,6 +128,7 @@ class Pins:
         if self._on:
             self._ledger.m(ev.LOCK_RELEASE, entry.anchor, None, TIER_LABELS[entry.tier],
                     (entry.receipt_id, out, final))
+        return entry
 
 
 __all__ = ["LockEntry", "Pins"]

@@ -160,7 +160,8 @@ def test_check_reports_stale_named_pins() -> None:
 # ---- the hot ops' specs (native.Fields) against the Python builders -------------------------
 
 def test_the_hot_ops_run_their_specs_natively_where_the_module_was_built() -> None:
-    assert set(SPECS) == {ev.OP_MATCH, ev.OP_INSERT, ev.OP_EVICT, ev.OP_EVICT_HOST}
+    assert set(SPECS) == {ev.OP_MATCH, ev.OP_INSERT, ev.OP_EVICT, ev.OP_EVICT_HOST, ev.OP_LOCK,
+                          ev.OP_UNLOCK, ev.OP_RELEASE_SWA, ev.OP_ALLOC}
     assert all(OP_ATTRS[op] is PY_ATTRS[op] for op in set(PY_ATTRS) - set(SPECS))
     if native.KERNELS != "native":
         missing("native", "the native kernels were not built")
@@ -202,7 +203,8 @@ def _agreeing(monkeypatch) -> Counter:
 @pytest.mark.parametrize("combo", COMBOS, ids=COMBO_IDS)
 def test_the_specs_give_the_python_builders_tuples_on_real_results(combo, monkeypatch) -> None:
     """A random session, branching inserts and an eviction of every component on both tiers:
-    every recorded match, insert and eviction gets equal tuples from the three builders."""
+    every recorded match, insert, eviction, lock, alloc, unlock (and early SWA release) gets
+    equal tuples from the three builders."""
     seen = _agreeing(monkeypatch)
     c = HiRadixCache(make_config(combo, device_tokens=48, host_tokens=96),
                      recorder=FlightRecorder())
@@ -213,9 +215,14 @@ def test_the_specs_give_the_python_builders_tuples_on_real_results(combo, monkey
     for comp in combo:
         c.evict(8, component=comp)
         c.evict_host(8, component=comp)
+    if "swa" in combo:  # a lock whose SWA window is released early, then unlocked
+        m = c.match_prefix(list(range(1, 25)))
+        c.unlock(c.release_swa(c.lock(m.last_device_node, owner="early")))
+        assert seen[ev.OP_RELEASE_SWA] == 1
     c.poll(wait=True)
     c.check()
     assert seen[ev.OP_MATCH] > 30 and seen[ev.OP_INSERT] > 30 and seen[ev.OP_EVICT] > 10
+    assert seen[ev.OP_LOCK] > 30 and seen[ev.OP_UNLOCK] > 30 and seen[ev.OP_ALLOC] > 30
     assert all(seen[f"{op} of {comp}"] for op in (ev.OP_EVICT, ev.OP_EVICT_HOST) for comp in combo)
     if "mamba" in combo:
         assert seen["insert at a branching point"]
