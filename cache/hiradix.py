@@ -126,7 +126,8 @@ class HiRadixCache(Matching, Insertion, Locks, Eviction, Transfers, StoragePrefe
 
     def _alloc(self, ci: int, need: int, _name: str = "") -> torch.Tensor:
         """``need`` slots (already whole pages; states for MAMBA) for a request, evicting as
-        needed."""
+        needed. ``_name`` (the component's) is not used here: ``alloc`` passes it for the op's
+        attribute builder, which reads it from the arguments."""
         alloc = self.device_pools[ci].alloc
         if alloc.available < need:
             if alloc.available + self.evictable[ci][DEVICE] < need:

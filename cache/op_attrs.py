@@ -6,11 +6,12 @@ arguments its implementation was called with (one table lookup per op on the hot
 tuple in ``events.OP_FIELDS[op]`` order (``events.attrs_dict`` names it), a dict for prefetch.
 
 The Python builders below (``PY_ATTRS``) are the reference. The hot ops' (match, insert, evict:
-2.8 recorded a request; lock, alloc and unlock, once each) are also written as specs (``SPECS``), which ``native.Fields`` runs in C:
-the result's slots read by offset, the tuple built with no Python frame (issue 17: ~420-860
-instructions an op, the tuple included, against ~800-2,700). ``OP_ATTRS`` holds those where the
-native module was built, the Python builders otherwise (``native.FieldsPy`` interprets a spec:
-slower than the builder it stands for). tests/cache/test_op_attrs.py checks that all three give
+2.8 recorded a request; lock, alloc and unlock, once each) are also written as specs
+(``SPECS``), which ``native.Fields`` runs in C: the result's slots read by offset (or the op's
+arguments by index), the tuple built with no Python frame (issue 17: ~420-860 instructions an
+op, the tuple included, against ~800-2,700). ``OP_ATTRS`` holds those where the native module
+was built, the Python builders otherwise (``native.FieldsPy`` interprets a spec: slower than
+the builder it stands for). tests/cache/test_op_attrs.py checks that all three give
 equal tuples on real results."""
 
 from __future__ import annotations
